@@ -1,0 +1,7 @@
+"""streambatch: token-budget batch planning for speech/audio training with PyTorch."""
+
+from .plan import Plan
+from .planners import PLANNERS, make_plan
+
+__all__ = ["Plan", "PLANNERS", "make_plan"]
+__version__ = "0.1.0"

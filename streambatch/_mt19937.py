@@ -1,0 +1,147 @@
+"""CPython's ``random.Random`` (MT19937) reproduced inside Numba.
+
+The seed-exact planner must consume the very same random stream as
+``random.Random(seed + epoch)``: integer seeding (``init_by_array``),
+``getrandbits`` and ``shuffle``'s rejection sampling (``_randbelow``).
+
+State layout: one ``int64`` array of 625 entries; ``state[:624]`` are the 32-bit
+words, ``state[624]`` is the read position. Words are kept in int64 so that the
+32-bit arithmetic never overflows and is masked explicitly.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+_N = 624
+_M = 397
+_MASK32 = 0xFFFFFFFF
+_UPPER = 0x80000000
+_LOWER = 0x7FFFFFFF
+_MATRIX_A = 0x9908B0DF
+
+
+def seed_key(seed: int) -> np.ndarray:
+    """The ``init_by_array`` key CPython derives from an integer seed.
+
+    CPython seeds with ``abs(seed)`` split into 32-bit little-endian words
+    (``[0]`` for zero). Done in Python because seeds are arbitrary-size ints.
+
+    Returns: (n_words,) uint32.
+    """
+    n = abs(int(seed))
+    words = []
+    while n:
+        words.append(n & _MASK32)
+        n >>= 32
+    return np.array(words or [0], dtype=np.uint32)
+
+
+@njit(cache=True)
+def mt_new(key):
+    """MT19937 state seeded like ``random.Random(n)`` from ``seed_key(n)``.
+
+    key: (k,) uint32. Returns: (625,) int64 state.
+    """
+    mt = np.empty(_N + 1, dtype=np.int64)
+    mt[0] = 19650218
+    for i in range(1, _N):
+        prev = mt[i - 1]
+        mt[i] = (1812433253 * (prev ^ (prev >> 30)) + i) & _MASK32
+    i = 1
+    j = 0
+    klen = key.shape[0]
+    for _ in range(max(_N, klen)):
+        prev = mt[i - 1]
+        mt[i] = ((mt[i] ^ (((prev ^ (prev >> 30)) * 1664525) & _MASK32)) + np.int64(key[j]) + j) & _MASK32
+        i += 1
+        j += 1
+        if i >= _N:
+            mt[0] = mt[_N - 1]
+            i = 1
+        if j >= klen:
+            j = 0
+    for _ in range(_N - 1):
+        prev = mt[i - 1]
+        mt[i] = ((mt[i] ^ (((prev ^ (prev >> 30)) * 1566083941) & _MASK32)) - i) & _MASK32
+        i += 1
+        if i >= _N:
+            mt[0] = mt[_N - 1]
+            i = 1
+    mt[0] = 0x80000000
+    mt[_N] = _N
+    return mt
+
+
+@njit(cache=True)
+def _twist(mt):
+    for kk in range(_N):
+        y = (mt[kk] & _UPPER) | (mt[(kk + 1) % _N] & _LOWER)
+        v = mt[(kk + _M) % _N] ^ (y >> 1)
+        if y & 1:
+            v ^= _MATRIX_A
+        mt[kk] = v
+    mt[_N] = 0
+
+
+@njit(cache=True)
+def genrand_uint32(mt):
+    """Next tempered 32-bit word (as int64), advancing ``mt`` in place."""
+    if mt[_N] >= _N:
+        _twist(mt)
+    y = mt[mt[_N]]
+    mt[_N] += 1
+    y ^= y >> 11
+    y ^= (y << 7) & 0x9D2C5680
+    y ^= (y << 15) & 0xEFC60000
+    y ^= y >> 18
+    return y & _MASK32
+
+
+@njit(cache=True)
+def getrandbits(mt, k):
+    """``random.getrandbits(k)`` for 1 <= k <= 63, as int64."""
+    if k <= 32:
+        return genrand_uint32(mt) >> (32 - k)
+    lo = genrand_uint32(mt)
+    hi = genrand_uint32(mt) >> (64 - k)
+    return lo | (hi << 32)
+
+
+@njit(cache=True)
+def _bit_length(n):
+    k = 0
+    while n:
+        n >>= 1
+        k += 1
+    return k
+
+
+@njit(cache=True)
+def randbelow(mt, n):
+    """``random.Random._randbelow(n)`` (rejection sampling), 1 <= n < 2**63."""
+    k = _bit_length(n)
+    r = getrandbits(mt, k)
+    while r >= n:
+        r = getrandbits(mt, k)
+    return r
+
+
+@njit(cache=True)
+def shuffle_slice(mt, x, lo, hi):
+    """``random.shuffle(x[lo:hi])`` in place, consuming the same stream."""
+    m = hi - lo
+    if m < 2:
+        return
+    k = _bit_length(m)
+    for i in range(m - 1, 0, -1):
+        # bit length of (i + 1) only shrinks as i falls
+        while k > 1 and (i + 1) >> (k - 1) == 0:
+            k -= 1
+        r = getrandbits(mt, k)
+        while r > i:
+            r = getrandbits(mt, k)
+        t = x[lo + i]
+        x[lo + i] = x[lo + r]
+        x[lo + r] = t

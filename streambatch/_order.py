@@ -1,0 +1,85 @@
+"""Kernels that put samples in planning order: a stable radix argsort by length
+and the seed's sort-then-chunk-shuffle ("sortish") ordering."""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+from ._mt19937 import shuffle_slice
+
+_DIGIT_BITS = 11  # 2,048 buckets: the histogram stays in L1 cache
+_RADIX = 1 << _DIGIT_BITS
+
+
+@njit(cache=True)
+def radix_argsort(keys, out, tmp):
+    """Stable argsort of non-negative int64 ``keys`` into ``out``.
+
+    keys: (n,) int64 >= 0. out, tmp: (>= n,) integer scratch; the sorted
+    indices land in ``out[:n]``. Returns nothing. O(n * passes) with one
+    11-bit digit per pass; passes whose digit is constant are skipped.
+    """
+    n = keys.shape[0]
+    for i in range(n):
+        out[i] = i
+    if n < 2:
+        return
+    kmax = 0
+    for i in range(n):
+        if keys[i] > kmax:
+            kmax = keys[i]
+    counts = np.zeros(_RADIX, dtype=np.int64)
+    src = out
+    dst = tmp
+    in_tmp = False  # numba cannot compare arrays by identity, so track parity
+    shift = 0
+    while (kmax >> shift) > 0:
+        counts[:] = 0
+        for i in range(n):
+            counts[(keys[src[i]] >> shift) & (_RADIX - 1)] += 1
+        nonzero = 0
+        for d in range(_RADIX):
+            if counts[d] > 0:
+                nonzero += 1
+        if nonzero > 1:
+            total = 0
+            for d in range(_RADIX):
+                c = counts[d]
+                counts[d] = total
+                total += c
+            for i in range(n):
+                s = src[i]
+                d = (keys[s] >> shift) & (_RADIX - 1)
+                dst[counts[d]] = s
+                counts[d] += 1
+            src, dst = dst, src
+            in_tmp = not in_tmp
+        shift += _DIGIT_BITS
+    if in_tmp:
+        for i in range(n):
+            out[i] = src[i]
+
+
+@njit(cache=True)
+def sortish_order(lengths, chunk_size, mt, out, tmp):
+    """The seed's shuffled order: sort by length (stable), shuffle each chunk of
+    ``chunk_size`` in place, then shuffle the order of the chunks.
+
+    lengths: (n,) int64. mt: MT19937 state, advanced. out, tmp: (>= n,)
+    integer scratch. The order lands in ``out[:n]``; ``tmp`` is clobbered.
+    """
+    n = lengths.shape[0]
+    radix_argsort(lengths, tmp, out)
+    n_chunks = (n + chunk_size - 1) // chunk_size
+    for c in range(n_chunks):
+        shuffle_slice(mt, tmp, c * chunk_size, min(n, (c + 1) * chunk_size))
+    perm = np.arange(n_chunks)
+    shuffle_slice(mt, perm, 0, n_chunks)
+    pos = 0
+    for c in range(n_chunks):
+        lo = perm[c] * chunk_size
+        hi = min(n, lo + chunk_size)
+        for i in range(lo, hi):
+            out[pos] = tmp[i]
+            pos += 1

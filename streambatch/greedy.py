@@ -1,0 +1,56 @@
+"""The seed-exact greedy planner (plan layer).
+
+Bit-exact with the VoxCPM ``DynamicBatchSampler`` wherever the seed gives every
+rank the same number of batches; see ``finish_last_step`` for the one place it
+differs (the final step's empty slots are padded instead of left empty).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ._greedy import greedy_steps
+from ._mt19937 import mt_new, seed_key, shuffle_slice
+from ._order import sortish_order
+from .plan import Plan, assemble, finish_last_step
+
+
+def seed_chunk_size(world_size: int, max_batch_size: int) -> int:
+    """The seed's sortish chunk: 8 steps' worth of samples, within [64, 512]."""
+    return min(max(64, world_size * max(1, max_batch_size) * 8), 512)
+
+
+def index_dtype(n: int) -> type:
+    """int32 sample indices while they fit: halves the plan's memory."""
+    return np.int32 if n < 2**31 - 1024 else np.int64
+
+
+def plan_greedy(lengths: np.ndarray, max_batch_tokens: int, max_batch_size: int, world_size: int,
+                shuffle: bool, drop_last: bool, seed: int, epoch: int) -> Plan:
+    """Plan an epoch like the seed. Inputs must already be validated.
+
+    lengths: (N,) int64 >= 0. Returns a Plan whose steps all have W non-empty
+    batches.
+    """
+    n = lengths.shape[0]
+    w = world_size
+    mt = mt_new(seed_key(seed + epoch))
+    dtype = index_dtype(n)
+    # Two index buffers serve the whole pipeline (sort, chunk shuffle, plan):
+    # with int32 indices, planning costs ~8 bytes per sample beyond the lengths.
+    buf_a = np.empty(n + w, dtype=dtype)
+    buf_b = np.empty(n + w, dtype=dtype)
+    if shuffle:
+        sortish_order(lengths, seed_chunk_size(w, max_batch_size), mt, buf_a, buf_b)
+    else:
+        buf_a[:n] = np.arange(n, dtype=dtype)
+    # A size cap above N never binds; clamping keeps kernel buffers bounded.
+    cap = min(max_batch_size, max(n, 1))
+    tokens = min(max_batch_tokens, cap * int(lengths.max(initial=0)) + 1)
+    counts = greedy_steps(buf_a[:n], lengths, w, tokens, cap, buf_b)
+    del buf_a
+    samples, counts, padded, dropped = finish_last_step(buf_b, counts, n, drop_last)
+    step_order = np.arange(counts.shape[0], dtype=np.int64)
+    if shuffle:
+        shuffle_slice(mt, step_order, 0, step_order.shape[0])
+    return assemble(samples, counts, step_order, w, padded, dropped)

@@ -1,0 +1,130 @@
+"""The plan: global steps of W per-rank batches, stored as a few flat arrays."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from ._hash import hash_array
+
+
+@dataclass(frozen=True, eq=False)
+class Plan:
+    """An epoch's global steps, each holding one non-empty batch per rank.
+
+    samples: (n_out,) int32/int64 sample indices grouped by batch; batch ``b``
+        is ``samples[offsets[b]:offsets[b + 1]]``.
+    offsets: (n_steps * world_size + 1,) int64; batch ``b = s * W + r`` is
+        rank ``r``'s batch of planned step ``s``.
+    step_order: (n_steps,) int64; the ``i``-th step trained on is planned step
+        ``step_order[i]``.
+    num_padded: samples repeated to fill empty slots of the final step.
+    num_dropped: samples left out (``drop_last=True``) in the final step.
+    """
+
+    samples: np.ndarray
+    offsets: np.ndarray
+    step_order: np.ndarray
+    world_size: int
+    num_padded: int = 0
+    num_dropped: int = 0
+
+    @property
+    def num_steps(self) -> int:
+        return int(self.step_order.shape[0])
+
+    def batch(self, step: int, rank: int) -> np.ndarray:
+        """Rank ``rank``'s batch of the ``step``-th step in training order."""
+        b = int(self.step_order[step]) * self.world_size + rank
+        return self.samples[self.offsets[b] : self.offsets[b + 1]]
+
+    def rank_batches(self, rank: int) -> RankBatches:
+        return RankBatches(self, rank)
+
+    def batch_sizes(self) -> np.ndarray:
+        """(n_steps, W) int64 batch sizes in training order."""
+        sizes = np.diff(self.offsets).reshape(-1, self.world_size)
+        return sizes[self.step_order]
+
+    def fingerprint(self) -> int:
+        """A 63-bit hash of the whole plan (same on every rank that planned alike)."""
+        h = np.uint64(self.world_size)
+        h = hash_array(self.samples, h)
+        h = hash_array(self.offsets, h)
+        h = hash_array(self.step_order, h)
+        return int(h) >> 1
+
+
+class RankBatches(Sequence):
+    """Lazy ``Sequence[list[int]]`` of one rank's batches, in training order."""
+
+    def __init__(self, plan: Plan, rank: int):
+        self._plan = plan
+        self._rank = rank
+
+    def __len__(self) -> int:
+        return self._plan.num_steps
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(len(self)))]
+        n = len(self)
+        if i < 0:
+            i += n
+        if not 0 <= i < n:
+            raise IndexError(f"batch index {i} out of range for {n} batches")
+        return self._plan.batch(i, self._rank).tolist()
+
+    def __repr__(self) -> str:
+        return f"RankBatches(rank={self._rank}, num_batches={len(self)})"
+
+
+def assemble(samples: np.ndarray, counts: np.ndarray, step_order: np.ndarray, world_size: int,
+             num_padded: int = 0, num_dropped: int = 0) -> Plan:
+    """Build a Plan from samples grouped by (step, rank) and (n_steps, W) batch sizes."""
+    offsets = np.zeros(counts.size + 1, dtype=np.int64)
+    np.cumsum(counts.ravel(), out=offsets[1:])
+    return Plan(samples[: offsets[-1]], offsets, step_order.astype(np.int64, copy=False), world_size,
+                num_padded, num_dropped)
+
+
+def finish_last_step(samples: np.ndarray, counts: np.ndarray, n_used: int, drop_last: bool
+                     ) -> tuple[np.ndarray, np.ndarray, int, int]:
+    """Make the final step full: drop it (``drop_last``) or pad its empty slots.
+
+    Padding rule: the k-th empty rank (in rank order) of the final step gets a
+    one-sample batch holding the sample at position ``k mod m`` of that step's
+    ``m`` samples (as stored, i.e. grouped by rank). So at most W - 1 samples
+    repeat, once each, and every padded batch is within budget unless that
+    sample alone exceeds it.
+
+    samples: (>= n_used + W,) sample buffer; counts: (n_steps, W) int64.
+    Returns (samples, counts, num_padded, num_dropped).
+    """
+    if counts.shape[0] == 0:
+        return samples, counts, 0, 0
+    last = counts[-1]
+    empty = np.flatnonzero(last == 0)
+    if empty.size == 0:
+        return samples, counts, 0, 0
+    m = int(last.sum())
+    start = n_used - m
+    if drop_last:
+        return samples, counts[:-1], 0, m
+    step_samples = samples[start:n_used].copy()
+    new_last = last.copy()
+    new_last[empty] = 1
+    fill = np.empty(new_last.size, dtype=object)
+    pos = 0
+    for r in range(last.size):
+        if last[r]:
+            fill[r] = step_samples[pos : pos + last[r]]
+            pos += last[r]
+    for k, r in enumerate(empty):
+        fill[r] = step_samples[k % m : k % m + 1]
+    samples[start : start + int(new_last.sum())] = np.concatenate(list(fill))
+    counts = counts.copy()
+    counts[-1] = new_last
+    return samples, counts, int(empty.size), 0

@@ -1,0 +1,130 @@
+"""Input checks shared by every planner: user input is validated and coerced
+here, so nothing malformed ever reaches a Numba kernel."""
+
+from __future__ import annotations
+
+import numbers
+from typing import Any
+
+import numpy as np
+
+INT64_MAX = np.iinfo(np.int64).max
+
+
+def coerce_lengths(lengths: Any) -> np.ndarray:
+    """Validate per-sample lengths and return them as a (N,) int64 array.
+
+    Accepts a sequence of ints, a numpy array of any integer or integral-float
+    dtype, or a torch tensor (duck-typed, so this layer needs no torch).
+    """
+    if hasattr(lengths, "detach") and hasattr(lengths, "numpy"):
+        lengths = lengths.detach().cpu().numpy()
+    if isinstance(lengths, (str, bytes)):
+        raise TypeError(f"lengths must be a 1-D sequence of non-negative integers, got a {type(lengths).__name__}")
+    try:
+        arr = np.asarray(lengths)
+    except (ValueError, TypeError) as exc:  # ragged nested lists and the like
+        raise ValueError(f"lengths must be a 1-D sequence of non-negative integers; numpy could not read it: {exc}") from None
+    if arr.ndim != 1:
+        raise ValueError(
+            f"lengths must be 1-D (one length per sample), got shape {arr.shape}; "
+            "pass one integer per sample, e.g. lengths.reshape(-1) if that is what you meant"
+        )
+    if arr.size == 0:
+        return np.zeros(0, dtype=np.int64)
+    kind = arr.dtype.kind
+    if kind == "b" or kind not in "iuf":
+        raise TypeError(
+            f"lengths must hold integers (or integral floats), got dtype {arr.dtype}; "
+            "convert them, e.g. np.asarray(lengths, dtype=np.int64)"
+        )
+    if kind == "f":
+        bad = ~np.isfinite(arr)
+        if bad.any():
+            i = int(np.flatnonzero(bad)[0])
+            raise ValueError(f"lengths[{i}] = {arr[i]} is not finite; every length must be a finite integer >= 0")
+        neg = arr < 0
+        if neg.any():
+            i = int(np.flatnonzero(neg)[0])
+            raise ValueError(f"lengths[{i}] = {arr[i]} is negative; every length must be an integer >= 0")
+        frac = arr != np.floor(arr)
+        if frac.any():
+            i = int(np.flatnonzero(frac)[0])
+            raise ValueError(
+                f"lengths[{i}] = {arr[i]} is fractional; lengths are token/frame counts, so round them "
+                "(e.g. np.ceil(duration * frame_rate)) before planning"
+            )
+        if arr.max() >= 2.0**62:
+            i = int(np.argmax(arr))
+            raise ValueError(f"lengths[{i}] = {arr[i]} is too large (limit 2**62); use coarser units")
+        return arr.astype(np.int64)
+    if kind == "u":
+        if arr.max() > INT64_MAX:
+            i = int(np.argmax(arr))
+            raise ValueError(f"lengths[{i}] = {arr[i]} does not fit in int64; use coarser units")
+        return arr.astype(np.int64)
+    if arr.min() < 0:
+        i = int(np.argmin(arr))
+        raise ValueError(f"lengths[{i}] = {arr[i]} is negative; every length must be an integer >= 0")
+    return np.ascontiguousarray(arr, dtype=np.int64)
+
+
+def check_int(name: str, value: Any, minimum: int = 1, maximum: int | None = None) -> int:
+    """``value`` as a Python int in [minimum, maximum], or a clear error."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"{name} must be an integer, got {value!r} ({type(value).__name__})")
+    value = int(value)
+    if value < minimum or (maximum is not None and value > maximum):
+        upper = "" if maximum is None else f" and <= {maximum}"
+        raise ValueError(f"{name} must be >= {minimum}{upper}, got {value}")
+    return value
+
+
+def check_budget(value: Any) -> int:
+    """``max_batch_tokens`` as an int >= 1.
+
+    A fractional budget is floored: for integer token counts ``t > 16000.5``
+    is the same test as ``t > 16000``, so the plan is unchanged.
+    """
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"max_batch_tokens must be a number, got {value!r} ({type(value).__name__})")
+    if isinstance(value, numbers.Integral):
+        value = int(value)
+    else:
+        value = float(value)
+        if not np.isfinite(value):
+            raise ValueError(f"max_batch_tokens must be finite and >= 1, got {value}")
+        value = int(np.floor(value))
+    if value < 1:
+        raise ValueError(f"max_batch_tokens must be >= 1 (tokens per batch), got {value}")
+    return value
+
+
+def check_seed(seed: Any) -> int:
+    if isinstance(seed, bool) or not isinstance(seed, numbers.Integral):
+        raise TypeError(f"seed must be an integer, got {seed!r} ({type(seed).__name__})")
+    return int(seed)
+
+
+def check_world(rank: Any, world_size: Any) -> tuple[int, int]:
+    world_size = check_int("world_size", world_size, 1)
+    rank = check_int("rank", rank, 0)
+    if rank >= world_size:
+        raise ValueError(f"rank must be in [0, world_size) = [0, {world_size}), got {rank}")
+    return rank, world_size
+
+
+def check_cost_range(lengths: np.ndarray, world_size: int, max_tokens: int, max_size: int) -> None:
+    """Refuse inputs whose B * L**2 costs summed over a step could overflow int64."""
+    if lengths.size == 0:
+        return
+    lmax = int(lengths.max())
+    # Feasible multi-sample batches hold <= budget tokens; a lone sample may exceed it.
+    tokens = min(max_tokens, max_size * lmax)
+    bound = world_size * lmax * max(lmax, tokens) + (max_size + 1) * lmax
+    if bound > INT64_MAX // 4:
+        raise ValueError(
+            f"lengths up to {lmax} with max_batch_tokens={max_tokens}, max_batch_size={max_size} and "
+            f"world_size={world_size} give step costs (count x max_len**2) up to ~{bound:.3g}, beyond int64; "
+            "express lengths in coarser units (e.g. frames instead of audio samples)"
+        )
