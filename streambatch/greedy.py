@@ -49,8 +49,8 @@ def plan_greedy(lengths: np.ndarray, max_batch_tokens: int, max_batch_size: int,
     tokens = min(max_batch_tokens, cap * int(lengths.max(initial=0)) + 1)
     counts = greedy_steps(buf_a[:n], lengths, w, tokens, cap, buf_b)
     del buf_a
-    samples, counts, padded, dropped = finish_last_step(buf_b, counts, n, drop_last)
+    samples, counts, padded, leftover = finish_last_step(buf_b, counts, n, drop_last)
     step_order = np.arange(counts.shape[0], dtype=np.int64)
     if shuffle:
         shuffle_slice(mt, step_order, 0, step_order.shape[0])
-    return assemble(samples, counts, step_order, w, padded, dropped)
+    return assemble(samples, counts, step_order, w, padded, leftover)

@@ -22,6 +22,8 @@ class Plan:
         ``step_order[i]``.
     num_padded: samples repeated to fill empty slots of the final step.
     num_dropped: samples left out (``drop_last=True``) in the final step.
+    leftover: (num_dropped,) the dropped samples, for a streaming planner to
+        carry into its next window.
     """
 
     samples: np.ndarray
@@ -30,6 +32,7 @@ class Plan:
     world_size: int
     num_padded: int = 0
     num_dropped: int = 0
+    leftover: np.ndarray | None = None
 
     @property
     def num_steps(self) -> int:
@@ -82,16 +85,18 @@ class RankBatches(Sequence):
 
 
 def assemble(samples: np.ndarray, counts: np.ndarray, step_order: np.ndarray, world_size: int,
-             num_padded: int = 0, num_dropped: int = 0) -> Plan:
+             num_padded: int = 0, leftover: np.ndarray | None = None) -> Plan:
     """Build a Plan from samples grouped by (step, rank) and (n_steps, W) batch sizes."""
     offsets = np.zeros(counts.size + 1, dtype=np.int64)
     np.cumsum(counts.ravel(), out=offsets[1:])
+    if leftover is None:
+        leftover = samples[:0]
     return Plan(samples[: offsets[-1]], offsets, step_order.astype(np.int64, copy=False), world_size,
-                num_padded, num_dropped)
+                num_padded, int(leftover.shape[0]), leftover)
 
 
 def finish_last_step(samples: np.ndarray, counts: np.ndarray, n_used: int, drop_last: bool
-                     ) -> tuple[np.ndarray, np.ndarray, int, int]:
+                     ) -> tuple[np.ndarray, np.ndarray, int, np.ndarray]:
     """Make the final step full: drop it (``drop_last``) or pad its empty slots.
 
     Padding rule: the k-th empty rank (in rank order) of the final step gets a
@@ -101,18 +106,20 @@ def finish_last_step(samples: np.ndarray, counts: np.ndarray, n_used: int, drop_
     sample alone exceeds it.
 
     samples: (>= n_used + W,) sample buffer; counts: (n_steps, W) int64.
-    Returns (samples, counts, num_padded, num_dropped).
+    Returns (samples, counts, num_padded, leftover) where leftover holds the
+    dropped samples.
     """
+    none = samples[:0]
     if counts.shape[0] == 0:
-        return samples, counts, 0, 0
+        return samples, counts, 0, none
     last = counts[-1]
     empty = np.flatnonzero(last == 0)
     if empty.size == 0:
-        return samples, counts, 0, 0
+        return samples, counts, 0, none
     m = int(last.sum())
     start = n_used - m
     if drop_last:
-        return samples, counts[:-1], 0, m
+        return samples, counts[:-1], 0, samples[start:n_used].copy()
     step_samples = samples[start:n_used].copy()
     new_last = last.copy()
     new_last[empty] = 1
@@ -127,4 +134,4 @@ def finish_last_step(samples: np.ndarray, counts: np.ndarray, n_used: int, drop_
     samples[start : start + int(new_last.sum())] = np.concatenate(list(fill))
     counts = counts.copy()
     counts[-1] = new_last
-    return samples, counts, int(empty.size), 0
+    return samples, counts, int(empty.size), none
