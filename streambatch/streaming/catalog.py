@@ -1,0 +1,148 @@
+"""The shard catalog: every shard's URL and sidecar, checked once up front.
+
+Holds O(shards) metadata only (sample counts, digests). Per-sample arrays are
+read from the sidecars window by window, so memory follows the window.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from .index import length_spec, read_arrays, read_meta, sidecar_path, staleness
+from .shards import expand_urls, is_local
+
+
+@dataclass(frozen=True)
+class Catalog:
+    """urls: shard URLs in the order given; sidecars: their sidecar paths;
+    counts: (S,) int64 samples per shard; digests: per-sidecar content hash."""
+
+    urls: tuple[str, ...]
+    sidecars: tuple[str, ...]
+    counts: np.ndarray
+    digests: tuple[str, ...]
+
+    @property
+    def num_samples(self) -> int:
+        return int(self.counts.sum())
+
+    def lengths(self, shard: int) -> np.ndarray:
+        """(n,) int64 planning lengths of one shard's samples, in tar order."""
+        (lengths,) = read_arrays(self.sidecars[shard], ("lengths",))
+        self._check(shard, lengths)
+        return lengths
+
+    def table(self, shard: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(keys (n,) bytes, offsets (n,) int64, sizes (n,) int64) of one shard."""
+        keys, offsets, sizes = read_arrays(self.sidecars[shard], ("keys", "offsets", "sizes"))
+        self._check(shard, keys)
+        return keys, offsets, sizes
+
+    def _check(self, shard: int, arr: np.ndarray) -> None:
+        # The sidecar was replaced after the catalog was opened: every rank must
+        # plan from the same sidecars, so refuse rather than plan differently.
+        if arr.shape[0] != self.counts[shard]:
+            raise ValueError(
+                f"sidecar {self.sidecars[shard]} changed while streaming ({arr.shape[0]} samples, "
+                f"{self.counts[shard]} when opened); do not re-index shards during training"
+            )
+
+    def fingerprint(self) -> str:
+        """Hash of URLs and sidecar digests: equal on ranks that see the same data."""
+        h = hashlib.blake2b(digest_size=8)
+        for url, digest in zip(self.urls, self.digests):
+            h.update(url.encode("utf-8", "surrogateescape") + b"\0" + digest.encode() + b"\0")
+        return h.hexdigest()
+
+
+def open_catalog(urls: Any, *, index_dir: str | None = None, index_missing: bool = False,
+                 length_from: Any = None, frames_per_second: Any = None, index_workers: int | None = 1,
+                 url_hint: str | None = None) -> Catalog:
+    """Find and check every shard's sidecar.
+
+    A missing or stale sidecar is an error naming the ``streambatch index``
+    command to run; with ``index_missing`` local shards are indexed here
+    instead (``length_from`` then says how). If ``length_from`` is given,
+    sidecars written with another length source count as stale.
+    """
+    urls = expand_urls(urls)
+    paths = [sidecar_path(u, index_dir) for u in urls]
+    dup = _first_duplicate(paths)
+    if dup is not None:
+        raise ValueError(
+            f"shards {urls[dup[0]]!r} and {urls[dup[1]]!r} would share the sidecar {paths[dup[0]]}; "
+            "shards indexed into one index_dir need distinct file names"
+        )
+    spec = length_spec(length_from, frames_per_second) if length_from is not None else None
+    bad: list[tuple[int, str]] = []
+    metas: list[dict | None] = []
+    for i, (url, path) in enumerate(zip(urls, paths)):
+        meta = None
+        if not os.path.exists(path):
+            bad.append((i, "no sidecar"))
+        else:
+            try:
+                meta = read_meta(path)
+            except Exception as exc:
+                bad.append((i, f"unreadable sidecar ({exc})"))
+            else:
+                why = staleness(url, meta)
+                if why is None and spec is not None and meta.get("length_from") != spec.describe():
+                    why = f"lengths came from {meta.get('length_from')!r}, not {spec.describe()!r}"
+                if why is not None:
+                    bad.append((i, f"stale sidecar: {why}"))
+                    meta = None
+        metas.append(meta)
+    if bad:
+        fixable = [i for i, _ in bad if is_local(urls[i])]
+        if index_missing and len(fixable) == len(bad):
+            from .index import index_shards
+
+            index_shards([urls[i] for i in fixable], length_from=spec or length_spec(), index_dir=index_dir,
+                         workers=index_workers, progress=False, force=True)
+            for i in fixable:
+                metas[i] = read_meta(paths[i])
+        else:
+            raise FileNotFoundError(_missing_message(urls, bad, index_dir, index_missing, url_hint, spec))
+    counts = np.array([m["samples"] for m in metas], dtype=np.int64)
+    return Catalog(tuple(urls), tuple(paths), counts, tuple(m["digest"] for m in metas))
+
+
+def _first_duplicate(paths: list[str]) -> tuple[int, int] | None:
+    seen: dict[str, int] = {}
+    for i, p in enumerate(paths):
+        if p in seen:
+            return seen[p], i
+        seen[p] = i
+    return None
+
+
+def _missing_message(urls, bad, index_dir, index_missing, url_hint, spec) -> str:
+    i, why = bad[0]
+    target = url_hint if isinstance(url_hint, str) else (urls[i] if len(bad) == 1 else "SHARDS...")
+    opts = f" --index-dir {index_dir}" if index_dir else ""
+    if spec is not None:
+        opts += _spec_flags(spec)
+    stale = any(w.startswith("stale") for _, w in bad)
+    cmd = f"streambatch index{' --force' if stale else ''}{opts} '{target}'"
+    msg = (f"{len(bad)} of {len(urls)} shards have no usable sidecar index (first: {urls[i]}: {why}); "
+           f"run `{cmd}` (or streambatch.index_shards(...)) first")
+    remote = [j for j, _ in bad if not is_local(urls[j])]
+    if remote:
+        msg += f"; {len(remote)} of them are not local files and must be indexed ahead of time"
+    elif not index_missing:
+        msg += ", or pass index_missing=True to index local shards on the fly"
+    return msg
+
+
+def _spec_flags(spec) -> str:
+    if spec.source == "fn":
+        return ""  # a Python function has no command-line spelling; index_shards takes it
+    src = "json:" + ".".join(spec.field) if spec.source == "json" else "audio" + (f":{spec.suffix}" if spec.suffix else "")
+    fps = f" --frames-per-second {spec.frames_per_second:g}" if spec.frames_per_second is not None else ""
+    return f" --length-from {src}{fps}"

@@ -1,0 +1,381 @@
+"""``StreamingBatches``: the torch glue over sidecars, window plans and tar reads."""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import multiprocessing.context
+from collections.abc import Callable
+from multiprocessing.sharedctypes import RawArray
+from typing import Any
+
+import numpy as np
+import torch
+from torch.utils.data import IterableDataset, get_worker_info
+
+from ..planners import check_planner
+from ..validation import check_budget, check_int, check_seed, check_world
+from .audio import decode_audio
+from .catalog import Catalog, open_catalog
+from .shards import LocalReader, ShardError, expand_urls, is_local, parse_sample, read_stream_regions
+from .window import EpochSummary, WindowConfig, iter_windows, summarize
+
+log = logging.getLogger("streambatch.streaming")
+
+STATE_VERSION = 1
+# Shared block: [epoch, resume epoch (-1: none), resume step]. Lives in shared
+# memory so that set_epoch / load_state_dict in the main process reach
+# persistent DataLoader workers, which hold copies of the dataset.
+_EPOCH, _RESUME_EPOCH, _RESUME_STEP = 0, 1, 2
+
+
+class StreamingBatches(IterableDataset):
+    """Balanced token-budget batches streamed from WebDataset tar shards.
+
+    Each item is one batch: rank ``rank``'s share of one global step, a list
+    of webdataset-style sample dicts (``__key__``, ``__url__`` and the raw
+    bytes of each member by suffix), or ``collate_fn(batch)``. Every rank
+    yields the same number of batches per epoch, ``len(self)``, and every
+    sample is delivered once per epoch across ranks, except the counted
+    padding (``drop_last=False``) or drop (``drop_last=True``) of the final
+    step (see ``epoch_summary``).
+
+    Use with ``DataLoader(ds, batch_size=None, num_workers=N)`` and call
+    ``set_epoch(e)`` before each epoch. Worker ``w`` of ``N`` yields the
+    rank's steps ``w, w + N, ...``; the DataLoader's in-order round robin
+    restores step order, so the output does not depend on ``num_workers``.
+
+    urls: brace pattern, path or list of shard URLs; each needs a sidecar
+        (``streambatch index``), or pass ``index_missing=True`` for local files.
+    max_batch_tokens, max_batch_size, planner, planner_options: as for
+        ``make_plan``; each window is planned with them.
+    window_shards: shards per planning window. Larger windows shuffle more
+        widely and cost more memory (one window's sidecar arrays per process).
+    rank, world_size: default to ``torch.distributed`` when initialised, else 0/1.
+    length_from, frames_per_second: how lengths are computed when indexing on
+        the fly; if given, sidecars made another way count as stale.
+    decode: None (raw bytes), ``"audio"`` (audio -> (float32 tensor (C, T),
+        sample_rate), json -> object, txt -> str) or a function of a sample.
+    on_error: ``"raise"`` (default) or ``"skip"``: a sample that cannot be
+        read or decoded is logged, counted in ``num_skipped`` and left out of
+        its batch; the batch is still yielded (possibly empty), so every rank
+        takes the same steps.
+    check_ranks: when ``torch.distributed`` is initialised, all-reduce a
+        fingerprint of shards, sidecars and config once at construction and
+        raise on every rank if any rank differs (no collectives afterwards).
+    """
+
+    def __init__(self, urls: Any, max_batch_tokens: Any, max_batch_size: Any = 64, *,
+                 window_shards: Any = 8, shuffle: bool = True, drop_last: bool = False, seed: Any = 42,
+                 rank: Any = None, world_size: Any = None, planner: str = "greedy",
+                 planner_options: dict | None = None, index_dir: str | None = None,
+                 index_missing: bool = False, length_from: Any = None, frames_per_second: Any = None,
+                 index_workers: Any = 1, decode: Any = None, collate_fn: Callable | None = None,
+                 on_error: str = "raise", check_ranks: bool = True):
+        super().__init__()
+        tokens = check_budget(max_batch_tokens)
+        size = check_int("max_batch_size", max_batch_size, 1)
+        window = check_int("window_shards", window_shards, 1)
+        seed = check_seed(seed)
+        check_planner(planner)
+        if on_error not in ("raise", "skip"):
+            raise ValueError(f"on_error must be 'raise' or 'skip', got {on_error!r}")
+        if decode is not None and decode != "audio" and not callable(decode):
+            raise ValueError(f"decode must be None, 'audio' or a function of a sample dict, got {decode!r}")
+        if collate_fn is not None and not callable(collate_fn):
+            raise TypeError(f"collate_fn must be callable or None, got {type(collate_fn).__name__}")
+        if planner_options is not None and not isinstance(planner_options, dict):
+            raise TypeError(f"planner_options must be a dict of keyword arguments, got {type(planner_options).__name__}")
+        rank, world_size = _resolve_world(rank, world_size)
+        url_hint = urls if isinstance(urls, str) else None
+        if index_missing and _dist_ready() and world_size > 1:
+            _index_share(urls, rank, world_size, index_dir, length_from, frames_per_second, index_workers)
+        self.catalog: Catalog = open_catalog(urls, index_dir=index_dir, index_missing=index_missing,
+                                             length_from=length_from, frames_per_second=frames_per_second,
+                                             index_workers=index_workers, url_hint=url_hint)
+        if self.catalog.num_samples == 0:
+            raise ValueError(f"the {len(self.catalog.urls)} shards hold no samples; check the shard list")
+        self.config = WindowConfig(tokens, size, world_size, window, bool(shuffle), bool(drop_last), seed,
+                                   planner, tuple(sorted((planner_options or {}).items())))
+        self.rank = rank
+        self.world_size = world_size
+        self.decode = decode_audio if decode == "audio" else decode
+        self.collate_fn = collate_fn
+        self.on_error = on_error
+        h = hashlib.blake2b(digest_size=8)
+        h.update((self.catalog.fingerprint() + repr(self.config.key())).encode())
+        self.fingerprint = h.hexdigest()
+        if check_ranks and _dist_ready() and world_size > 1:
+            _check_ranks_agree(self.fingerprint)
+        self._shared = RawArray("q", [0, -1, 0])
+        self._summaries: dict[int, EpochSummary] = {}
+        self._pos: dict[str, Any] | None = None
+        self._local_resume: dict[str, Any] | None = None
+        self.num_skipped = 0
+        self.bytes_read = 0  # tar bytes this process read (files and streams)
+        self._stream_bytes = 0
+
+    # ------------------------------------------------------------ epochs
+
+    @property
+    def epoch(self) -> int:
+        return int(self._shared[_EPOCH])
+
+    def set_epoch(self, epoch: Any) -> None:
+        """Select the epoch the next pass plans (shard order and windows)."""
+        epoch = check_int("epoch", epoch, 0)
+        self._shared[_EPOCH] = epoch
+        if self._shared[_RESUME_EPOCH] != epoch:
+            self._shared[_RESUME_EPOCH] = -1
+
+    def set_start_batch(self, start: Any) -> None:
+        """Make the next pass over the current epoch start at this rank's
+        ``start``-th batch (for resuming from a step count you saved)."""
+        n = len(self)
+        start = check_int("start", start, 0, n)
+        self._shared[_RESUME_EPOCH] = self.epoch
+        self._shared[_RESUME_STEP] = start
+
+    def epoch_summary(self, epoch: Any = None) -> EpochSummary:
+        """Steps, samples, padding and drops of an epoch, planned from the
+        sidecars' lengths only (no tar is read). Cached per epoch."""
+        epoch = self.epoch if epoch is None else check_int("epoch", epoch, 0)
+        if epoch not in self._summaries:
+            self._summaries[epoch] = summarize(self.catalog.counts, self.catalog.lengths, self.config, epoch)
+        return self._summaries[epoch]
+
+    def __len__(self) -> int:
+        """Batches this rank (every rank) yields in the current epoch."""
+        return self.epoch_summary().steps
+
+    # ------------------------------------------------------------ state
+
+    def state_dict(self) -> dict[str, Any]:
+        """Position of this process's latest pass: epoch and next step.
+
+        In the main process (``num_workers=0``) ``step`` counts the batches
+        yielded. In a DataLoader worker (as torchdata's StatefulDataLoader
+        saves it) it is the next step this worker yields.
+        """
+        pos = self._pos
+        if pos is None or pos["epoch"] != self.epoch:
+            pending = self._shared[_RESUME_EPOCH] == self.epoch
+            pos = {"epoch": self.epoch, "step": int(self._shared[_RESUME_STEP]) if pending else 0,
+                   "worker": None, "num_workers": 0}
+        return {"version": STATE_VERSION, "epoch": int(pos["epoch"]), "step": int(pos["step"]),
+                "worker": pos["worker"], "num_workers": pos["num_workers"], "world_size": self.world_size,
+                "fingerprint": self.fingerprint, "skipped": self.num_skipped}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Resume where ``state`` was saved: the next pass over its epoch
+        skips the steps already yielded, planning past them from the sidecar
+        lengths without reading their tar data."""
+        if not isinstance(state, dict) or state.get("version") != STATE_VERSION:
+            raise ValueError(f"not a StreamingBatches state (version {STATE_VERSION}): {state!r:.200}")
+        if state["world_size"] != self.world_size:
+            raise ValueError(
+                f"state was saved with world_size={state['world_size']}, this run has world_size="
+                f"{self.world_size}; resume with the same number of ranks (the plan depends on it)"
+            )
+        if state["fingerprint"] != self.fingerprint:
+            raise ValueError(
+                "state was saved for other shards, sidecars or settings (fingerprint "
+                f"{state['fingerprint']} != {self.fingerprint}); resume with the same shard list, sidecars, "
+                "max_batch_tokens, max_batch_size, window_shards, shuffle, drop_last, seed and planner"
+            )
+        epoch = check_int("state['epoch']", state["epoch"], 0)
+        step = check_int("state['step']", state["step"], 0)
+        info = get_worker_info()
+        if state["worker"] is not None:
+            if info is None or (info.id, info.num_workers) != (state["worker"], state["num_workers"]):
+                here = "the main process" if info is None else f"worker {info.id} of {info.num_workers}"
+                raise ValueError(
+                    f"state was saved by DataLoader worker {state['worker']} of {state['num_workers']} and is "
+                    f"being loaded in {here}; restore it through a StatefulDataLoader with "
+                    f"num_workers={state['num_workers']}, or save the main process's state instead"
+                )
+            self._local_resume = {"epoch": epoch, "step": step}
+        elif info is not None:  # a main-process state loaded inside a worker
+            self._local_resume = {"epoch": epoch, "step": step + info.id}
+        else:
+            self._shared[_EPOCH] = epoch
+            self._shared[_RESUME_EPOCH] = epoch
+            self._shared[_RESUME_STEP] = step
+        self._pos = None
+
+    # ------------------------------------------------------------ iteration
+
+    def __iter__(self):
+        info = get_worker_info()
+        stride = info.num_workers if info is not None else 1
+        worker = info.id if info is not None else 0
+        epoch = self.epoch
+        if self._local_resume is not None:
+            epoch, start = self._local_resume["epoch"], self._local_resume["step"]
+            self._local_resume = None
+        elif self._shared[_RESUME_EPOCH] == epoch:
+            start = int(self._shared[_RESUME_STEP]) + worker
+            if info is None:  # the main process consumes a resume; workers cannot tell when all have
+                self._shared[_RESUME_EPOCH] = -1
+        else:
+            start = worker
+        self._pos = {"epoch": epoch, "step": start, "worker": None if info is None else worker,
+                     "num_workers": 0 if info is None else stride}
+        return self._generate(epoch, start, stride)
+
+    def _generate(self, epoch: int, start: int, stride: int):
+        reader = LocalReader()
+        tables: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
+        try:
+            for win in iter_windows(self.catalog.counts, self.catalog.lengths, self.config, epoch):
+                lo, hi = win.first_step, win.first_step + win.num_steps
+                first = start if lo <= start else start + -(-(lo - start) // stride) * stride
+                steps = range(first, hi, stride)
+                if not steps:
+                    continue  # planned from lengths only: no tar data read
+                batches = [win.plan.batch(s - lo, self.rank) for s in steps]
+                mine = np.unique(np.concatenate(batches))
+                shards = np.unique(win.shard_ids[mine])
+                needed = set(shards.tolist())
+                for s in [s for s in tables if s not in needed]:
+                    del tables[s]
+                for s in shards.tolist():
+                    if s not in tables:
+                        tables[s] = self.catalog.table(s)
+                reader.keep_only(self.catalog.urls[s] for s in shards.tolist())
+                prefetched = self._prefetch(win, mine, tables)
+                for s, idx in zip(steps, batches):
+                    batch = [x for x in (self._sample(win, i, tables, reader, prefetched) for i in idx.tolist())
+                             if x is not None]
+                    self._pos["step"] = s + stride
+                    self.bytes_read = reader.bytes_read + self._stream_bytes
+                    yield self.collate_fn(batch) if self.collate_fn is not None else batch
+                prefetched.clear()
+        finally:
+            self.bytes_read = reader.bytes_read + self._stream_bytes
+            reader.close()
+
+    def _prefetch(self, win, mine: np.ndarray, tables) -> dict:
+        """Bytes of this process's samples in the window's non-local shards.
+
+        A stream cannot seek, so each such shard is read once from its start
+        to this process's last sample in it, and the samples are kept.
+        """
+        out: dict[tuple[int, int], Any] = {}
+        ids = win.shard_ids[mine]
+        for s in np.unique(ids).tolist():
+            url = self.catalog.urls[s]
+            if is_local(url):
+                continue
+            _, offsets, sizes = tables[s]
+            loc = win.local[mine[ids == s]]
+            regions = [(int(offsets[i]), int(sizes[i])) for i in loc.tolist()]
+            try:
+                got, consumed = read_stream_regions(url, regions)
+            except ShardError as exc:
+                if self.on_error == "raise":
+                    raise
+                got, consumed = {}, 0
+                for off, _ in regions:
+                    out[(s, off)] = exc
+            self._stream_bytes += consumed
+            for off, buf in got.items():
+                out[(s, off)] = buf
+        return out
+
+    def _sample(self, win, i: int, tables, reader: LocalReader, prefetched: dict):
+        shard = int(win.shard_ids[i])
+        local = int(win.local[i])
+        keys, offsets, sizes = tables[shard]
+        url = self.catalog.urls[shard]
+        offset, size = int(offsets[local]), int(sizes[local])
+        key = keys[local].decode("utf-8", "surrogateescape")
+        try:
+            if is_local(url):
+                buf = reader.read(url, offset, size)
+            else:
+                buf = prefetched[(shard, offset)]
+                if isinstance(buf, Exception):
+                    raise buf
+            sample = parse_sample(buf, url, offset, key)
+            if self.decode is not None:
+                try:
+                    sample = self.decode(sample)
+                except Exception as exc:
+                    raise ShardError(f"decoding sample {key!r} of shard {url} (byte {offset}) failed: {exc!r}") from exc
+            return sample
+        except ShardError as exc:
+            if self.on_error == "raise":
+                raise
+            self.num_skipped += 1
+            log.warning("skipping a sample (on_error='skip', %d skipped so far): %s", self.num_skipped, exc)
+            return None
+
+    # ------------------------------------------------------------ pickling
+
+    def __getstate__(self):
+        state = self.__dict__.copy()
+        if multiprocessing.context.get_spawning_popen() is None:
+            # Plain pickling (checkpoints, deepcopy): shared memory cannot travel, values can.
+            state["_shared"] = list(self._shared)
+        return state
+
+    def __setstate__(self, state):
+        if isinstance(state["_shared"], list):
+            state["_shared"] = RawArray("q", state["_shared"])
+        self.__dict__.update(state)
+
+    def __repr__(self) -> str:
+        c = self.config
+        return (f"StreamingBatches({len(self.catalog.urls)} shards, {self.catalog.num_samples} samples, "
+                f"max_batch_tokens={c.max_batch_tokens}, max_batch_size={c.max_batch_size}, "
+                f"rank={self.rank}, world_size={self.world_size}, window_shards={c.window_shards}, "
+                f"epoch={self.epoch})")
+
+
+# ---------------------------------------------------------------- distributed
+
+
+def _dist_ready() -> bool:
+    return torch.distributed.is_available() and torch.distributed.is_initialized()
+
+
+def _resolve_world(rank: Any, world_size: Any) -> tuple[int, int]:
+    if rank is None or world_size is None:
+        if _dist_ready():
+            rank = torch.distributed.get_rank() if rank is None else rank
+            world_size = torch.distributed.get_world_size() if world_size is None else world_size
+        else:
+            rank = 0 if rank is None else rank
+            world_size = 1 if world_size is None else world_size
+    return check_world(rank, world_size)
+
+
+def _check_ranks_agree(fingerprint: str) -> None:
+    """One all-reduce at construction (never in workers): every rank raises
+    if any rank planned from other shards, sidecars or settings."""
+    dist = torch.distributed
+    v = int(fingerprint, 16) >> 2
+    device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else torch.device("cpu")
+    t = torch.tensor([v, -v], dtype=torch.int64, device=device)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    if int(t[0]) != -int(t[1]):
+        raise ValueError(
+            f"rank {dist.get_rank()}: ranks disagree on the streaming plan (shard list, sidecars, or "
+            "max_batch_tokens/max_batch_size/window_shards/shuffle/drop_last/seed/planner differ between "
+            "ranks); give every rank the same arguments and sidecars"
+        )
+
+
+def _index_share(urls, rank, world_size, index_dir, length_from, frames_per_second, workers) -> None:
+    """With index_missing under torch.distributed, each rank indexes 1/W of
+    the missing local shards, then all meet at one barrier."""
+    from .index import index_shards
+
+    mine = [u for i, u in enumerate(expand_urls(urls)) if i % world_size == rank and is_local(u)]
+    try:
+        if mine:
+            index_shards(mine, length_from=length_from or "json:duration", frames_per_second=frames_per_second,
+                         index_dir=index_dir, workers=workers, progress=False)
+    finally:
+        torch.distributed.barrier()
