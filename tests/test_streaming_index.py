@@ -138,7 +138,7 @@ def test_shardwriter_shards(tmp_path):
     assert len(paths) == 3
     summary = index_shards(paths, frames_per_second=FPS, workers=1, progress=False)
     assert summary.samples == 25
-    ds = StreamingBatches(paths, 300, 8, window_shards=2, world_size=1, rank=0)
+    ds = StreamingBatches(paths, 300, 8, window_samples=10, world_size=1, rank=0)
     keys = sorted(s["__key__"] for b in ds for s in b)
     assert keys == [f"k{n:05d}" for n in range(25)]
 

@@ -2,7 +2,11 @@
 no I/O beyond the ``load_lengths`` callback).
 
 Each epoch the shard order is a permutation drawn from (seed, epoch).
-Consecutive groups of ``window_shards`` shards form windows. A window's
+Consecutive shards form windows of at least ``window_samples`` samples (a
+short remainder joins the last window). Windows are sized in samples, not
+shards, because both the planner's balance and the memory follow the number
+of samples planned together: the greedy planner's sort-then-chunk-shuffle
+needs a few tens of thousands of samples to balance steps at >= 0.95. A window's
 samples, plus the samples carried from the previous window, are planned with
 ``make_plan(drop_last=True)``: the partial final step is not trained on but
 carried into the next window, so every step but the epoch's last is a full,
@@ -34,7 +38,7 @@ class WindowConfig:
     max_batch_tokens: int
     max_batch_size: int
     world_size: int
-    window_shards: int
+    window_samples: int
     shuffle: bool
     drop_last: bool
     seed: int
@@ -42,7 +46,7 @@ class WindowConfig:
     planner_options: tuple = field(default=())
 
     def key(self) -> tuple:
-        return (self.max_batch_tokens, self.max_batch_size, self.world_size, self.window_shards,
+        return (self.max_batch_tokens, self.max_batch_size, self.world_size, self.window_samples,
                 self.shuffle, self.drop_last, self.seed, self.planner, repr(self.planner_options))
 
 
@@ -98,8 +102,27 @@ def window_seed(seed: int, epoch: int, window: int) -> int:
     return (int(words[0]) << 31) ^ int(words[1])
 
 
-def num_windows(num_shards: int, window_shards: int) -> int:
-    return -(-num_shards // window_shards)
+def window_bounds(counts: np.ndarray, window_samples: int) -> np.ndarray:
+    """(n_windows + 1,) int64 cut points into a shard order: window j holds
+    shards ``[b[j], b[j + 1])`` of it.
+
+    counts: (S,) int64 samples per shard, in visiting order. A window closes
+    once it holds ``window_samples`` samples; a final remainder of fewer than
+    half that joins the window before it.
+    """
+    cuts = [0]
+    acc = 0
+    for i, c in enumerate(counts.tolist()):
+        acc += c
+        if acc >= window_samples:
+            cuts.append(i + 1)
+            acc = 0
+    if cuts[-1] != counts.shape[0]:
+        if acc < window_samples / 2 and len(cuts) > 1:
+            cuts[-1] = counts.shape[0]
+        else:
+            cuts.append(counts.shape[0])
+    return np.asarray(cuts, dtype=np.int64)
 
 
 def iter_windows(counts: np.ndarray, load_lengths: Callable[[int], np.ndarray], config: WindowConfig,
@@ -110,12 +133,13 @@ def iter_windows(counts: np.ndarray, load_lengths: Callable[[int], np.ndarray], 
     Holds one window's arrays (plus at most one step of carried samples).
     """
     order = shard_order(counts.shape[0], config.seed, epoch, config.shuffle)
-    nwin = num_windows(order.shape[0], config.window_shards)
+    bounds = window_bounds(counts[order], config.window_samples)
+    nwin = bounds.shape[0] - 1
     carry_ids = carry_local = carry_len = np.zeros(0, dtype=np.int64)
     step = 0
     options = dict(config.planner_options)
     for j in range(nwin):
-        shards = order[j * config.window_shards : (j + 1) * config.window_shards]
+        shards = order[bounds[j] : bounds[j + 1]]
         lens = [np.asarray(load_lengths(int(s)), dtype=np.int64) for s in shards]
         ids = np.concatenate([carry_ids] + [np.full(x.shape[0], s, dtype=np.int64) for s, x in zip(shards, lens)])
         local = np.concatenate([carry_local] + [np.arange(x.shape[0], dtype=np.int64) for x in lens])
