@@ -1,6 +1,6 @@
 """The seed's greedy global-step planner as a Numba kernel.
 
-Samples are taken in planning order. Each one goes to the rank of the current
+Samples are taken in planning order. Each goes to the rank of the current
 global step whose key is lexicographically smallest, with the seed's key:
 
     (cost spread, max cost, total cost, token spread, projected cost,
@@ -8,12 +8,16 @@ global step whose key is lexicographically smallest, with the seed's key:
 
 where the spreads, max and total are over the step's W batch costs (B * L**2)
 and tokens (B * L) after a hypothetical placement. A rank is closed to a
-sample once the batch is non-empty and the sample would break the size cap or
+sample once its batch is non-empty and the sample would break the size cap or
 the token budget; a step ends when every rank is closed.
 
-The seed evaluates each candidate in O(W); here the max/min "over the other
-ranks" come from top-two/bottom-two statistics, so a candidate is O(1) and a
-sample O(W).
+The seed rebuilds all W costs per candidate: O(W**2) per sample. Two facts make
+it cheap here. (1) The max and min "over the other ranks" follow from the
+step's max/min, their multiplicities and runners-up, so a candidate is O(1).
+(2) Ranks whose batches have the same (count, max length) have equal keys up to
+the rotation, and a step has few distinct states (about 7 among 64 ranks on
+audio-like lengths). So ranks are kept in groups by state, a sample costs
+O(#groups), and the rotation picks the member only among tied groups.
 """
 
 from __future__ import annotations
@@ -22,40 +26,7 @@ import numpy as np
 from numba import njit
 
 _BIG = np.iinfo(np.int64).max
-
-
-@njit(cache=True)
-def _top2(values, w):
-    """(max, argmax, max over the others, min, argmin, min over the others)."""
-    max1 = -1
-    imax = -1
-    max2 = -1
-    min1 = _BIG
-    imin = -1
-    min2 = _BIG
-    for r in range(w):
-        v = values[r]
-        if v > max1:
-            max2 = max1
-            max1 = v
-            imax = r
-        elif v > max2:
-            max2 = v
-        if v < min1:
-            min2 = min1
-            min1 = v
-            imin = r
-        elif v < min2:
-            min2 = v
-    return max1, imax, max2, min1, imin, min2
-
-
-@njit(cache=True)
-def _key_less(a, b):
-    for i in range(a.shape[0]):
-        if a[i] != b[i]:
-            return a[i] < b[i]
-    return False
+_BLOCK = 4096  # lengths are gathered a block at a time so cache misses overlap
 
 
 @njit(cache=True)
@@ -72,80 +43,33 @@ def greedy_steps(order, lengths, world_size, max_tokens, max_size, out):
     """
     n = order.shape[0]
     w = world_size
-    cnt = np.zeros(w, dtype=np.int64)
-    mx = np.zeros(w, dtype=np.int64)
-    cost = np.zeros(w, dtype=np.int64)
-    tok = np.zeros(w, dtype=np.int64)
+    groups = _Groups(w)
+    block = np.empty(_BLOCK, dtype=np.int64)
     step_samples = np.empty(max(1, min(n, w * max_size)), dtype=np.int64)
     step_ranks = np.empty(step_samples.shape[0], dtype=np.int64)
     rank_pos = np.zeros(w, dtype=np.int64)
-    best = np.empty(9, dtype=np.int64)
-    cand = np.empty(9, dtype=np.int64)
     # Only steps that end before the data does are full; grow as needed.
     counts = np.empty((max(4, n // (w * 16)), w), dtype=np.int64)
     pos = 0
     n_out = 0
     step = 0
+    block_start = -_BLOCK
     while pos < n:
-        cnt[:] = 0
-        mx[:] = 0
-        cost[:] = 0
-        tok[:] = 0
-        total = 0
+        _reset(groups, w)
         m = 0  # samples placed in this step
         while pos < n:
-            s = order[pos]
-            ln = lengths[s]
-            cmax1, cimax, cmax2, cmin1, cimin, cmin2 = _top2(cost, w)
-            tmax1, timax, tmax2, tmin1, timin, tmin2 = _top2(tok, w)
-            chosen = -1
-            for r in range(w):
-                c = cnt[r]
-                nm = mx[r] if mx[r] > ln else ln
-                nc = c + 1
-                pt = nc * nm
-                if c > 0 and (nc > max_size or pt > max_tokens):
-                    continue
-                pc = pt * nm
-                hi = cmax2 if r == cimax else cmax1
-                lo = cmin2 if r == cimin else cmin1
-                smax = hi if hi > pc else pc
-                smin = lo if lo < pc else pc
-                spread = smax - smin
-                if chosen >= 0 and spread > best[0]:
-                    continue
-                cand[0] = spread
-                cand[1] = smax
-                cand[2] = total - cost[r] + pc
-                thi = tmax2 if r == timax else tmax1
-                tlo = tmin2 if r == timin else tmin1
-                cand[3] = (thi if thi > pt else pt) - (tlo if tlo < pt else pt)
-                cand[4] = pc
-                cand[5] = pt
-                cand[6] = nc
-                cand[7] = (r - step) % w
-                cand[8] = r
-                if chosen < 0 or _key_less(cand, best):
-                    best[:] = cand
-                    chosen = r
+            if pos >= block_start + _BLOCK:
+                block_start = pos
+                for i in range(min(_BLOCK, n - pos)):
+                    block[i] = lengths[order[pos + i]]
+            ln = block[pos - block_start]
+            chosen = _choose_and_place(groups, ln, w, step % w, max_tokens, max_size)
             if chosen < 0:
-                break
-            if m == step_samples.shape[0]:
-                grown = np.empty(2 * m, dtype=np.int64)
-                grown[:m] = step_samples
-                step_samples = grown
-                grown = np.empty(2 * m, dtype=np.int64)
-                grown[:m] = step_ranks
-                step_ranks = grown
-            step_samples[m] = s
-            step_ranks[m] = chosen
+                break  # every rank is closed: the step is complete
+            _place(step_samples, step_ranks, m, order[pos], chosen)
             m += 1
-            total += best[4] - cost[chosen]
-            cnt[chosen] += 1
-            if ln > mx[chosen]:
-                mx[chosen] = ln
-            cost[chosen] = best[4]
-            tok[chosen] = best[5]
+            if m == step_samples.shape[0]:
+                step_samples, step_ranks = _grow(step_samples, step_ranks)
             pos += 1
         if step == counts.shape[0]:
             grown2 = np.empty((2 * step, w), dtype=np.int64)
@@ -154,9 +78,10 @@ def greedy_steps(order, lengths, world_size, max_tokens, max_size, out):
         # Stable counting sort of the step's samples by rank.
         acc = n_out
         for r in range(w):
+            c = groups[_CNT, groups[_RANK_GROUP, r]]
             rank_pos[r] = acc
-            acc += cnt[r]
-            counts[step, r] = cnt[r]
+            acc += c
+            counts[step, r] = c
         for i in range(m):
             r = step_ranks[i]
             out[rank_pos[r]] = step_samples[i]
@@ -164,3 +89,191 @@ def greedy_steps(order, lengths, world_size, max_tokens, max_size, out):
         n_out += m
         step += 1
     return counts[:step].copy()
+
+
+# Rows of the group state: one (10, W) int64 array, so kernels pass one array
+# (a tuple of arrays costs a reference-count round trip per array per call).
+_CNT, _MX, _COST, _TOK, _SIZE, _XOR, _RANK_GROUP, _ACTIVE, _FREE, _META = range(10)
+
+
+@njit(cache=True)
+def _Groups(w):
+    """Ranks grouped by batch state. Per group id (capacity W): count, max
+    length, cost, tokens, size, xor of member ranks (the member itself for a
+    singleton); rank -> group id; the active ids; a stack of free ids. Row
+    _META holds (#active, #free)."""
+    return np.zeros((10, max(w, 2)), dtype=np.int64)
+
+
+@njit(cache=True)
+def _reset(groups, w):
+    """One group holding every rank with an empty batch."""
+    groups[_CNT, 0] = 0
+    groups[_MX, 0] = 0
+    groups[_COST, 0] = 0
+    groups[_TOK, 0] = 0
+    groups[_SIZE, 0] = w
+    x = 0
+    for r in range(w):
+        x ^= r
+        groups[_RANK_GROUP, r] = 0
+    groups[_XOR, 0] = x
+    groups[_ACTIVE, 0] = 0
+    groups[_META, 0] = 1
+    for k in range(w - 1):
+        groups[_FREE, k] = w - 1 - k
+    groups[_META, 1] = w - 1
+
+
+@njit(cache=True)
+def _first_member(groups, g, rot0, w):
+    """(member of group g with the smallest (rank - rot0) mod W, that rotation)."""
+    if groups[_SIZE, g] == 1:
+        r = groups[_XOR, g]
+        return r, (r - rot0 + w) % w
+    for d in range(w):
+        r = rot0 + d
+        if r >= w:
+            r -= w
+        if groups[_RANK_GROUP, r] == g:
+            return r, d
+    return -1, -1
+
+
+@njit(cache=True)
+def _choose_and_place(groups, ln, w, rot0, max_tokens, max_size):
+    """Place a sample of length ``ln`` on the rank with the smallest seed key.
+
+    Returns that rank, or -1 (nothing placed) when every rank is closed.
+    """
+    ng = groups[_META, 0]
+    # Max/min of costs and tokens over ranks, multiplicities and runners-up.
+    g0 = groups[_ACTIVE, 0]
+    hi = lo = groups[_COST, g0]
+    thi = tlo = groups[_TOK, g0]
+    for i in range(1, ng):
+        g = groups[_ACTIVE, i]
+        hi = max(hi, groups[_COST, g])
+        lo = min(lo, groups[_COST, g])
+        thi = max(thi, groups[_TOK, g])
+        tlo = min(tlo, groups[_TOK, g])
+    nhi = nlo = nthi = ntlo = 0
+    hi2 = thi2 = -1
+    lo2 = tlo2 = _BIG
+    for i in range(ng):
+        g = groups[_ACTIVE, i]
+        k = groups[_SIZE, g]
+        v = groups[_COST, g]
+        if v == hi:
+            nhi += k
+        else:
+            hi2 = max(hi2, v)
+        if v == lo:
+            nlo += k
+        else:
+            lo2 = min(lo2, v)
+        v = groups[_TOK, g]
+        if v == thi:
+            nthi += k
+        else:
+            thi2 = max(thi2, v)
+        if v == tlo:
+            ntlo += k
+        else:
+            tlo2 = min(tlo2, v)
+    # Keys per group; members differ only in the rotation.
+    best = -1
+    best_i = -1
+    best_rank = -1
+    best_rot = -1
+    b0 = b1 = b2 = b3 = b4 = b5 = b6 = 0
+    for i in range(ng):
+        g = groups[_ACTIVE, i]
+        c = groups[_CNT, g]
+        nm = max(groups[_MX, g], ln)
+        nc = c + 1
+        pt = nc * nm
+        if c > 0 and (nc > max_size or pt > max_tokens):
+            continue
+        pc = pt * nm
+        cr = groups[_COST, g]
+        other_hi = hi2 if (cr == hi and nhi == 1) else hi
+        other_lo = lo2 if (cr == lo and nlo == 1) else lo
+        k1 = max(other_hi, pc)
+        k0 = k1 - min(other_lo, pc)
+        if best >= 0 and k0 > b0:
+            continue
+        k2 = pc - cr  # total cost differs across candidates by this increase only
+        tr = groups[_TOK, g]
+        tother_hi = thi2 if (tr == thi and nthi == 1) else thi
+        tother_lo = tlo2 if (tr == tlo and ntlo == 1) else tlo
+        k3 = max(tother_hi, pt) - min(tother_lo, pt)
+        key = (k0, k1, k2, k3, pc, pt, nc)
+        if best >= 0:
+            bkey = (b0, b1, b2, b3, b4, b5, b6)
+            if key > bkey:
+                continue
+            if key == bkey:
+                # Only the rotation can separate equal-keyed groups.
+                if best_rank < 0:
+                    best_rank, best_rot = _first_member(groups, best, rot0, w)
+                r, rot = _first_member(groups, g, rot0, w)
+                if rot > best_rot:
+                    continue
+                best, best_i, best_rank, best_rot = g, i, r, rot
+                continue
+        best, best_i, best_rank, best_rot = g, i, -1, -1
+        b0, b1, b2, b3, b4, b5, b6 = key
+    if best < 0:
+        return -1
+    if best_rank < 0:
+        best_rank, best_rot = _first_member(groups, best, rot0, w)
+    # Move the rank to the group of its new state.
+    r = best_rank
+    c = groups[_CNT, best] + 1
+    nm = max(groups[_MX, best], ln)
+    groups[_SIZE, best] -= 1
+    groups[_XOR, best] ^= r
+    if groups[_SIZE, best] == 0:
+        groups[_ACTIVE, best_i] = groups[_ACTIVE, ng - 1]
+        ng -= 1
+        groups[_FREE, groups[_META, 1]] = best
+        groups[_META, 1] += 1
+    target = -1
+    for i in range(ng):
+        g = groups[_ACTIVE, i]
+        if groups[_CNT, g] == c and groups[_MX, g] == nm:
+            target = g
+            break
+    if target < 0:
+        groups[_META, 1] -= 1
+        target = groups[_FREE, groups[_META, 1]]
+        groups[_ACTIVE, ng] = target
+        ng += 1
+        groups[_CNT, target] = c
+        groups[_MX, target] = nm
+        groups[_COST, target] = c * nm * nm
+        groups[_TOK, target] = c * nm
+        groups[_SIZE, target] = 0
+        groups[_XOR, target] = 0
+    groups[_SIZE, target] += 1
+    groups[_XOR, target] ^= r
+    groups[_RANK_GROUP, r] = target
+    groups[_META, 0] = ng
+    return r
+
+
+@njit(cache=True)
+def _place(step_samples, step_ranks, m, sample, rank):
+    step_samples[m] = sample
+    step_ranks[m] = rank
+
+
+@njit(cache=True)
+def _grow(a, b):
+    m = a.shape[0]
+    a2 = np.empty(2 * m, dtype=np.int64)
+    a2[:m] = a
+    b2 = np.empty(2 * m, dtype=np.int64)
+    b2[:m] = b
+    return a2, b2
