@@ -6,7 +6,7 @@ from typing import Any, Callable
 
 from .greedy import plan_greedy
 from .plan import Plan
-from .validation import check_budget, check_cost_range, check_int, check_seed, coerce_lengths
+from .validation import check_budget, check_cost_range, check_flag, check_int, check_seed, coerce_lengths
 
 # name -> function(lengths, max_batch_tokens, max_batch_size, world_size,
 #                  shuffle, drop_last, seed, epoch, **options) -> Plan
@@ -39,4 +39,6 @@ def make_plan(lengths: Any, max_batch_tokens: Any, max_batch_size: Any = 64, wor
     epoch = check_int("epoch", epoch, 0)
     fn = PLANNERS[check_planner(planner)]
     check_cost_range(arr, world, tokens, size)
-    return fn(arr, tokens, size, world, bool(shuffle), bool(drop_last), seed, epoch, **options)
+    shuffle = check_flag("shuffle", shuffle)
+    drop_last = check_flag("drop_last", drop_last)
+    return fn(arr, tokens, size, world, shuffle, drop_last, seed, epoch, **options)

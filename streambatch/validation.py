@@ -19,8 +19,8 @@ def coerce_lengths(lengths: Any) -> np.ndarray:
     """
     if hasattr(lengths, "detach") and hasattr(lengths, "numpy"):
         lengths = lengths.detach().cpu().numpy()
-    if isinstance(lengths, (str, bytes)):
-        raise TypeError(f"lengths must be a 1-D sequence of non-negative integers, got a {type(lengths).__name__}")
+    if lengths is None or isinstance(lengths, (str, bytes)):
+        raise TypeError(f"lengths must be a 1-D sequence of non-negative integers, got {lengths!r} ({type(lengths).__name__})")
     try:
         arr = np.asarray(lengths)
     except (ValueError, TypeError) as exc:  # ragged nested lists and the like
@@ -33,6 +33,9 @@ def coerce_lengths(lengths: Any) -> np.ndarray:
     if arr.size == 0:
         return np.zeros(0, dtype=np.int64)
     kind = arr.dtype.kind
+    if kind in "OUS":
+        # numpy turns [3, "x"] into strings; look at the caller's own elements
+        _name_non_numeric(lengths if isinstance(lengths, (list, tuple)) else arr.tolist())
     if kind == "b" or kind not in "iuf":
         raise TypeError(
             f"lengths must hold integers (or integral floats), got dtype {arr.dtype}; "
@@ -69,6 +72,23 @@ def coerce_lengths(lengths: Any) -> np.ndarray:
     return np.ascontiguousarray(arr, dtype=np.int64)
 
 
+def _name_non_numeric(values: Any) -> None:
+    """Raise naming the first element that is not a usable length."""
+    for i, v in enumerate(values):
+        if isinstance(v, bool) or not isinstance(v, (numbers.Integral, numbers.Real)):
+            raise TypeError(f"lengths[{i}] = {v!r} is not a number; every length must be an integer >= 0")
+        if isinstance(v, numbers.Integral) and not 0 <= v <= INT64_MAX:
+            raise ValueError(f"lengths[{i}] = {v} is outside [0, 2**63 - 1]; every length must be an integer >= 0 "
+                             "that fits in int64 (use coarser units)")
+
+
+def check_flag(name: str, value: Any) -> bool:
+    """A boolean flag; strings like "false" are refused rather than read as True."""
+    if isinstance(value, (bool, np.bool_)) or (isinstance(value, numbers.Integral) and value in (0, 1)):
+        return bool(value)
+    raise TypeError(f"{name} must be True or False, got {value!r}")
+
+
 def check_int(name: str, value: Any, minimum: int = 1, maximum: int | None = None) -> int:
     """``value`` as a Python int in [minimum, maximum], or a clear error."""
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
@@ -88,6 +108,7 @@ def check_budget(value: Any) -> int:
     """
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise TypeError(f"max_batch_tokens must be a number, got {value!r} ({type(value).__name__})")
+    given = value
     if isinstance(value, numbers.Integral):
         value = int(value)
     else:
@@ -96,7 +117,7 @@ def check_budget(value: Any) -> int:
             raise ValueError(f"max_batch_tokens must be finite and >= 1, got {value}")
         value = int(np.floor(value))
     if value < 1:
-        raise ValueError(f"max_batch_tokens must be >= 1 (tokens per batch), got {value}")
+        raise ValueError(f"max_batch_tokens must be >= 1 (tokens per batch), got {given}")
     return value
 
 
@@ -119,6 +140,7 @@ def check_cost_range(lengths: np.ndarray, world_size: int, max_tokens: int, max_
     if lengths.size == 0:
         return
     lmax = int(lengths.max())
+    max_size = min(max_size, lengths.size)  # a cap above N never binds
     # Feasible multi-sample batches hold <= budget tokens; a lone sample may exceed it.
     tokens = min(max_tokens, max_size * lmax)
     bound = world_size * lmax * max(lmax, tokens) + (max_size + 1) * lmax

@@ -82,7 +82,8 @@ def test_none_lengths_is_named():
 
 @pytest.mark.parametrize("world_size, lmax", [(1, 3 * 10**9), (64, 10**8), (1024, 2**25)])
 def test_costs_beyond_int64_are_refused(world_size, lmax):
-    lengths = [1, lmax, 2]
+    # enough samples that the size cap of 64 is not clamped to N
+    lengths = [1, lmax, 2] * 30
     with pytest.raises(ValueError, match=esc(lmax) + ".*" + f"world_size={world_size}"):
         make_plan(lengths, 2**40, max_batch_size=64, world_size=world_size)
 
