@@ -2,6 +2,7 @@
 
 from .plan import Plan
 from .planners import PLANNERS, make_plan
+from .sampler import DynamicBatchSampler
 
-__all__ = ["Plan", "PLANNERS", "make_plan"]
+__all__ = ["DynamicBatchSampler", "Plan", "PLANNERS", "make_plan"]
 __version__ = "0.1.0"

@@ -135,3 +135,15 @@ def finish_last_step(samples: np.ndarray, counts: np.ndarray, n_used: int, drop_
     counts = counts.copy()
     counts[-1] = new_last
     return samples, counts, int(empty.size), none
+
+
+def config_fingerprint(lengths: np.ndarray, *values: int | str) -> int:
+    """A 63-bit hash of the lengths and configuration values (ints, strings)."""
+    h = hash_array(lengths, np.uint64(len(values)))
+    for v in values:
+        if isinstance(v, str):
+            v = np.frombuffer(v.encode(), dtype=np.uint8).astype(np.int64)
+        else:
+            v = np.array([int(v) & 0x7FFFFFFFFFFFFFFF, int(v) >> 63], dtype=np.int64)
+        h = hash_array(v, h)
+    return int(h) >> 1
