@@ -143,6 +143,21 @@ def test_dataloader_workers_do_not_change_output(corpus, persistent):
             assert got == ref[e], (workers, e)
 
 
+def test_spawned_persistent_workers_follow_set_epoch(corpus):
+    """Spawn-started workers get the dataset by pickling: the shared epoch
+    block must travel with it, so set_epoch still reaches them."""
+    ref = [run_ranks(corpus, 2, epoch=e)[0] for e in (0, 1)]
+    ds = make(corpus, rank=0, world_size=2)
+    loader = DataLoader(ds, batch_size=None, num_workers=2, persistent_workers=True, multiprocessing_context="spawn")
+    for e in (0, 1):
+        ds.set_epoch(e)
+        assert keys(loader) == ref[e]
+    import pickle
+
+    clone = pickle.loads(pickle.dumps(ds))  # plain pickling keeps values, not shared memory
+    assert clone.epoch == 1 and keys(clone) == ref[1]
+
+
 def test_more_workers_and_ranks_than_shards(corpus, tmp_path):
     brace, paths, expected = write_corpus(tmp_path, [30, 34], seed=11)
     index_shards(paths, frames_per_second=FPS, workers=1, progress=False)

@@ -13,7 +13,7 @@ import numpy as np
 import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
-from ..planners import check_planner
+from ..planners import check_planner, make_plan
 from ..validation import check_budget, check_int, check_seed, check_world
 from .audio import decode_audio
 from .catalog import Catalog, open_catalog
@@ -110,6 +110,10 @@ class StreamingBatches(IterableDataset):
         self.fingerprint = h.hexdigest()
         if check_ranks and _dist_ready() and world_size > 1:
             _check_ranks_agree(self.fingerprint)
+        # Load the compiled planner now, so DataLoader workers forked later
+        # inherit it instead of each loading (or compiling) it again.
+        make_plan(np.ones(world_size, dtype=np.int64), tokens, size, world_size, planner=planner,
+                  **(planner_options or {}))
         self._shared = RawArray("q", [0, -1, 0])
         self._summaries: dict[int, EpochSummary] = {}
         self._pos: dict[str, Any] | None = None
