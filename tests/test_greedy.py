@@ -10,7 +10,7 @@ import torch
 from hypothesis import event, example, given, settings
 from hypothesis import strategies as st
 
-import naive
+from streambatch import reference as naive
 from streambatch import make_plan
 
 

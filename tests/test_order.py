@@ -9,7 +9,7 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from naive import chunk_size, sortish_order as naive_sortish
+from streambatch.reference import chunk_size, sortish_order as naive_sortish
 from streambatch._mt19937 import mt_new, seed_key
 from streambatch._order import radix_argsort, sortish_order
 

@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch.utils.data import DataLoader, Dataset
 
-from naive import padded_rank_batches, seed_rank_batches
+from streambatch.reference import padded_rank_batches, seed_rank_batches
 from roundtrip import check_state_roundtrip
 from streambatch import DynamicBatchSampler
 

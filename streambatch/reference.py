@@ -1,8 +1,11 @@
 """A slow, obviously correct pure-Python twin of the seed-exact planner.
 
 Written from the specification, not from the Numba kernels: Python's own
-``random.Random``, ``sorted`` and plain lists, O(N * W**2). The fast planner is
-proved right by comparing it with these functions on many random inputs.
+``random.Random``, ``sorted`` and plain lists, O(N * W**2). The tests prove the
+fast planner right by comparing it with these functions on many random inputs,
+and the benchmarks time it as the pure-Python baseline (it is the seed's
+algorithm; measured ~1.4x faster than the seed's own code at W=8, so speed-up
+ratios against it are conservative). Not for training use.
 
 A plan here is a list of global steps; a step is a list of W per-rank batches;
 a batch is a list of sample indices in placement order.
