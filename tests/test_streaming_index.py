@@ -219,3 +219,26 @@ def test_sidecar_meta_records_identity(corpus, tmp_path):
                       read_arrays(sidecar_path(paths[0]), ("keys", "lengths", "offsets", "sizes"))))
     write_sidecar(sidecar_path(paths[0]), paths[0], arrays, length_spec("json:duration", FPS), shard_stat(paths[0]))
     assert not [f for f in os.listdir(tmp_path) if f.startswith(".tmp-")]
+
+
+def test_demo_corpus_is_reproducible_and_streams(tmp_path):
+    from streambatch.streaming.demo import make_shards
+
+    a = make_shards(str(tmp_path / "a"), 2, 6, seed=4, sample_rate=8000, median_seconds=0.5, speech="generated")
+    b = make_shards(str(tmp_path / "b"), 2, 6, seed=4, sample_rate=8000, median_seconds=0.5, speech="generated")
+    assert [open(x, "rb").read() for x in a] == [open(x, "rb").read() for x in b]
+    summary = index_shards(a, frames_per_second=50, workers=1, progress=False)
+    assert summary.samples == 12
+    assert oct(os.stat(sidecar_path(a[0])).st_mode & 0o777) == oct(0o666 & ~_umask())
+    metas = [json.loads(s["json"]) for s in wds_samples(a)]
+    assert all(0.5 <= m["duration"] <= 20 and m["sample_rate"] == 8000 for m in metas)
+    ds = StreamingBatches(a, 200, 4, decode="audio", window_samples=12)
+    got = [s for batch in ds for s in batch]
+    assert sorted(s["__key__"] for s in got) == [f"utt{n:09d}" for n in range(12)]
+    assert all(abs(s["flac"][0].shape[1] / 8000 - s["json"]["duration"]) < 1e-3 for s in got)
+
+
+def _umask():
+    from streambatch.streaming.index import _umask as u
+
+    return u()

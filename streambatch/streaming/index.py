@@ -281,12 +281,19 @@ def write_sidecar(path: str, url: str, arrays: dict[str, np.ndarray], spec: Leng
     try:
         with os.fdopen(fd, "wb") as f:
             np.savez_compressed(f, meta=np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8), **arrays)
+        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600; a sidecar is as readable as its shard
         os.replace(tmp, path)
     except BaseException:
         if os.path.exists(tmp):
             os.unlink(tmp)
         raise
     return meta
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
 
 
 def read_meta(path: str) -> dict:
