@@ -49,7 +49,7 @@ def greedy_steps(order, lengths, world_size, max_tokens, max_size, out):
     step_ranks = np.empty(step_samples.shape[0], dtype=np.int64)
     rank_pos = np.zeros(w, dtype=np.int64)
     # Only steps that end before the data does are full; grow as needed.
-    counts = np.empty((max(4, n // (w * 16)), w), dtype=np.int64)
+    counts = np.empty(max(4, n // 16) + w, dtype=np.int64)  # flat (step, rank)
     pos = 0
     n_out = 0
     step = 0
@@ -71,24 +71,22 @@ def greedy_steps(order, lengths, world_size, max_tokens, max_size, out):
             if m == step_samples.shape[0]:
                 step_samples, step_ranks = _grow(step_samples, step_ranks)
             pos += 1
-        if step == counts.shape[0]:
-            grown2 = np.empty((2 * step, w), dtype=np.int64)
-            grown2[:step] = counts
-            counts = grown2
+        if (step + 1) * w > counts.shape[0]:
+            counts = _grow1(counts)
         # Stable counting sort of the step's samples by rank.
         acc = n_out
         for r in range(w):
             c = groups[_CNT, groups[_RANK_GROUP, r]]
             rank_pos[r] = acc
             acc += c
-            counts[step, r] = c
+            counts[step * w + r] = c
         for i in range(m):
             r = step_ranks[i]
             out[rank_pos[r]] = step_samples[i]
             rank_pos[r] += 1
         n_out += m
         step += 1
-    return counts[:step].copy()
+    return counts[: step * w].copy().reshape((step, w))
 
 
 # Rows of the group state: one (10, W) int64 array, so kernels pass one array
@@ -123,6 +121,11 @@ def _reset(groups, w):
     for k in range(w - 1):
         groups[_FREE, k] = w - 1 - k
     groups[_META, 1] = w - 1
+
+
+@njit(cache=True)
+def _cmp(a, b):
+    return (a > b) - (a < b)
 
 
 @njit(cache=True)
@@ -208,12 +211,25 @@ def _choose_and_place(groups, ln, w, rot0, max_tokens, max_size):
         tother_hi = thi2 if (tr == thi and nthi == 1) else thi
         tother_lo = tlo2 if (tr == tlo and ntlo == 1) else tlo
         k3 = max(tother_hi, pt) - min(tother_lo, pt)
-        key = (k0, k1, k2, k3, pc, pt, nc)
         if best >= 0:
-            bkey = (b0, b1, b2, b3, b4, b5, b6)
-            if key > bkey:
+            # Lexicographic comparison with the best key so far, written out:
+            # Numba compiles 7-tuple comparisons slowly.
+            cmp = _cmp(k0, b0)
+            if cmp == 0:
+                cmp = _cmp(k1, b1)
+            if cmp == 0:
+                cmp = _cmp(k2, b2)
+            if cmp == 0:
+                cmp = _cmp(k3, b3)
+            if cmp == 0:
+                cmp = _cmp(pc, b4)
+            if cmp == 0:
+                cmp = _cmp(pt, b5)
+            if cmp == 0:
+                cmp = _cmp(nc, b6)
+            if cmp > 0:
                 continue
-            if key == bkey:
+            if cmp == 0:
                 # Only the rotation can separate equal-keyed groups.
                 if best_rank < 0:
                     best_rank, best_rot = _first_member(groups, best, rot0, w)
@@ -223,7 +239,7 @@ def _choose_and_place(groups, ln, w, rot0, max_tokens, max_size):
                 best, best_i, best_rank, best_rot = g, i, r, rot
                 continue
         best, best_i, best_rank, best_rot = g, i, -1, -1
-        b0, b1, b2, b3, b4, b5, b6 = key
+        b0, b1, b2, b3, b4, b5, b6 = k0, k1, k2, k3, pc, pt, nc
     if best < 0:
         return -1
     if best_rank < 0:
@@ -267,6 +283,13 @@ def _choose_and_place(groups, ln, w, rot0, max_tokens, max_size):
 def _place(step_samples, step_ranks, m, sample, rank):
     step_samples[m] = sample
     step_ranks[m] = rank
+
+
+@njit(cache=True)
+def _grow1(a):
+    out = np.empty(2 * a.shape[0], dtype=a.dtype)
+    out[: a.shape[0]] = a
+    return out
 
 
 @njit(cache=True)
