@@ -61,7 +61,7 @@ def test_four_gloo_ranks_two_workers(corpus, tmp_path):
     mp.start_processes(_spawned, args=(4, f"tcp://127.0.0.1:{port}", corpus[0], str(tmp_path)), nprocs=4,
                        join=True, start_method="spawn")
     results = check_runs(tmp_path, 4, corpus)
-    assert all("ranks disagree" in r["mismatch"] for r in results)
+    assert all("differs across ranks" in r["mismatch"] for r in results)
 
 
 def _spawned(rank, world, init_method, pattern, out_dir):

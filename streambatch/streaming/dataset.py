@@ -14,7 +14,8 @@ import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
 from ..planners import check_planner, make_plan
-from ..validation import check_budget, check_int, check_seed, check_world
+from ..distributed import check_same_everywhere, is_distributed, resolve_world
+from ..validation import check_budget, check_flag, check_int, check_seed
 from .audio import decode_audio
 from .catalog import Catalog, open_catalog
 from .shards import LocalReader, ShardError, expand_urls, is_local, parse_sample, read_stream_regions
@@ -47,7 +48,7 @@ class StreamingBatches(IterableDataset):
 
     urls: brace pattern, path or list of shard URLs; each needs a sidecar
         (``streambatch index``), or pass ``index_missing=True`` for local files.
-    max_batch_tokens, max_batch_size, planner, planner_options: as for
+    max_batch_tokens, max_batch_size, planner, **planner_options: as for
         ``make_plan``; each window is planned with them.
     window_samples: samples per planning window (consecutive shards are
         grouped until they hold this many). Larger windows shuffle more widely
@@ -63,23 +64,26 @@ class StreamingBatches(IterableDataset):
         read or decoded is logged, counted in ``num_skipped`` and left out of
         its batch; the batch is still yielded (possibly empty), so every rank
         takes the same steps.
-    check_ranks: when ``torch.distributed`` is initialised, all-reduce a
+    verify: when ``torch.distributed`` is initialised, all-reduce a
         fingerprint of shards, sidecars and config once at construction and
-        raise on every rank if any rank differs (no collectives afterwards).
+        raise on every rank if any rank differs (no collectives afterwards,
+        none in DataLoader workers).
     """
 
     def __init__(self, urls: Any, max_batch_tokens: Any, max_batch_size: Any = 64, *,
                  window_samples: Any = 20_000, shuffle: bool = True, drop_last: bool = False, seed: Any = 42,
                  rank: Any = None, world_size: Any = None, planner: str = "greedy",
-                 planner_options: dict | None = None, index_dir: str | None = None,
-                 index_missing: bool = False, length_from: Any = None, frames_per_second: Any = None,
-                 index_workers: Any = 1, decode: Any = None, collate_fn: Callable | None = None,
-                 on_error: str = "raise", check_ranks: bool = True):
+                 index_dir: str | None = None, index_missing: bool = False, length_from: Any = None,
+                 frames_per_second: Any = None, index_workers: Any = 1, decode: Any = None,
+                 collate_fn: Callable | None = None, on_error: str = "raise", verify: bool = True,
+                 **planner_options: Any):
         super().__init__()
         tokens = check_budget(max_batch_tokens)
         size = check_int("max_batch_size", max_batch_size, 1)
         window = check_int("window_samples", window_samples, 1)
         seed = check_seed(seed)
+        shuffle, drop_last = check_flag("shuffle", shuffle), check_flag("drop_last", drop_last)
+        index_missing, verify = check_flag("index_missing", index_missing), check_flag("verify", verify)
         check_planner(planner)
         if on_error not in ("raise", "skip"):
             raise ValueError(f"on_error must be 'raise' or 'skip', got {on_error!r}")
@@ -87,19 +91,17 @@ class StreamingBatches(IterableDataset):
             raise ValueError(f"decode must be None, 'audio' or a function of a sample dict, got {decode!r}")
         if collate_fn is not None and not callable(collate_fn):
             raise TypeError(f"collate_fn must be callable or None, got {type(collate_fn).__name__}")
-        if planner_options is not None and not isinstance(planner_options, dict):
-            raise TypeError(f"planner_options must be a dict of keyword arguments, got {type(planner_options).__name__}")
-        rank, world_size = _resolve_world(rank, world_size)
+        rank, world_size = resolve_world(rank, world_size)
         url_hint = urls if isinstance(urls, str) else None
-        if index_missing and _dist_ready() and world_size > 1:
+        if index_missing and is_distributed() and world_size > 1:
             _index_share(urls, rank, world_size, index_dir, length_from, frames_per_second, index_workers)
         self.catalog: Catalog = open_catalog(urls, index_dir=index_dir, index_missing=index_missing,
                                              length_from=length_from, frames_per_second=frames_per_second,
                                              index_workers=index_workers, url_hint=url_hint)
         if self.catalog.num_samples == 0:
             raise ValueError(f"the {len(self.catalog.urls)} shards hold no samples; check the shard list")
-        self.config = WindowConfig(tokens, size, world_size, window, bool(shuffle), bool(drop_last), seed,
-                                   planner, tuple(sorted((planner_options or {}).items())))
+        self.config = WindowConfig(tokens, size, world_size, window, shuffle, drop_last, seed,
+                                   planner, tuple(sorted(planner_options.items())))
         self.rank = rank
         self.world_size = world_size
         self.decode = decode_audio if decode == "audio" else decode
@@ -108,12 +110,13 @@ class StreamingBatches(IterableDataset):
         h = hashlib.blake2b(digest_size=8)
         h.update((self.catalog.fingerprint() + repr(self.config.key())).encode())
         self.fingerprint = h.hexdigest()
-        if check_ranks and _dist_ready() and world_size > 1:
-            _check_ranks_agree(self.fingerprint)
+        if verify:
+            check_same_everywhere(int(self.fingerprint, 16) >> 1,
+                                  "the streaming plan (shard list, sidecars or streaming settings)")
         # Load the compiled planner now, so DataLoader workers forked later
         # inherit it instead of each loading (or compiling) it again.
         make_plan(np.ones(world_size, dtype=np.int64), tokens, size, world_size, planner=planner,
-                  **(planner_options or {}))
+                  **planner_options)
         self._shared = RawArray("q", [0, -1, 0])
         self._summaries: dict[int, EpochSummary] = {}
         self._pos: dict[str, Any] | None = None
@@ -341,37 +344,6 @@ class StreamingBatches(IterableDataset):
 
 
 # ---------------------------------------------------------------- distributed
-
-
-def _dist_ready() -> bool:
-    return torch.distributed.is_available() and torch.distributed.is_initialized()
-
-
-def _resolve_world(rank: Any, world_size: Any) -> tuple[int, int]:
-    if rank is None or world_size is None:
-        if _dist_ready():
-            rank = torch.distributed.get_rank() if rank is None else rank
-            world_size = torch.distributed.get_world_size() if world_size is None else world_size
-        else:
-            rank = 0 if rank is None else rank
-            world_size = 1 if world_size is None else world_size
-    return check_world(rank, world_size)
-
-
-def _check_ranks_agree(fingerprint: str) -> None:
-    """One all-reduce at construction (never in workers): every rank raises
-    if any rank planned from other shards, sidecars or settings."""
-    dist = torch.distributed
-    v = int(fingerprint, 16) >> 2
-    device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else torch.device("cpu")
-    t = torch.tensor([v, -v], dtype=torch.int64, device=device)
-    dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    if int(t[0]) != -int(t[1]):
-        raise ValueError(
-            f"rank {dist.get_rank()}: ranks disagree on the streaming plan (shard list, sidecars, or "
-            "max_batch_tokens/max_batch_size/window_samples/shuffle/drop_last/seed/planner differ between "
-            "ranks); give every rank the same arguments and sidecars"
-        )
 
 
 def _index_share(urls, rank, world_size, index_dir, length_from, frames_per_second, workers) -> None:
