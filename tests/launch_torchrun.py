@@ -32,6 +32,12 @@ def run_rank(rank: int, world: int, init_method: str, pattern: str, out_dir: str
                 StreamingBatches(pattern, BUDGET, CAP, window_samples=WINDOW, seed=7 if rank == mismatch_rank else 42)
             except ValueError as exc:
                 result["mismatch"] = str(exc)
+            # one rank cannot find its sidecars: it raises that, the others a mismatch
+            try:
+                StreamingBatches(pattern, BUDGET, CAP, window_samples=WINDOW,
+                                 index_dir=os.path.join(out_dir, "nowhere") if rank == mismatch_rank else None)
+            except (ValueError, FileNotFoundError) as exc:
+                result["missing"] = f"{type(exc).__name__}: {exc}"
         ds = StreamingBatches(pattern, BUDGET, CAP, window_samples=WINDOW)  # rank/world from torch.distributed
         # fork workers: a process started by spawn would otherwise spawn its
         # DataLoader workers too, re-importing torch in each (slow on 2 cores);

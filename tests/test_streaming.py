@@ -354,3 +354,21 @@ def test_sidecar_tar_mismatch_and_truncation(corpus, tmp_path):
         list(ds)
     ds = StreamingBatches(paths, BUDGET, CAP, window_samples=10_000, rank=0, world_size=1, on_error="skip")
     assert len(list(ds)) == len(ds) and ds.num_skipped == 1
+
+
+def test_planner_and_options_are_passed_through(corpus):
+    from streambatch.planners import PLANNERS, register_planner
+
+    calls = []
+
+    def recording(lengths, *args, **options):
+        calls.append(options)
+        return PLANNERS["greedy"](lengths, *args)
+
+    register_planner("recording-test", recording)
+    try:
+        ds = make(corpus, rank=0, world_size=2, planner="recording-test", flavour="x")
+        assert keys(ds) == run_ranks(corpus, 2)[0]
+        assert calls and all(c == {"flavour": "x"} for c in calls)
+    finally:
+        del PLANNERS["recording-test"]

@@ -62,6 +62,9 @@ def test_four_gloo_ranks_two_workers(corpus, tmp_path):
                        join=True, start_method="spawn")
     results = check_runs(tmp_path, 4, corpus)
     assert all("differs across ranks" in r["mismatch"] for r in results)
+    for r in results:
+        want = "FileNotFoundError: 9 of 9 shards have no usable sidecar" if r["rank"] == 2 else "differs across ranks"
+        assert want in r["missing"], r["missing"]
 
 
 def _spawned(rank, world, init_method, pattern, out_dir):

@@ -95,24 +95,36 @@ class StreamingBatches(IterableDataset):
         url_hint = urls if isinstance(urls, str) else None
         if index_missing and is_distributed() and world_size > 1:
             _index_share(urls, rank, world_size, index_dir, length_from, frames_per_second, index_workers)
-        self.catalog: Catalog = open_catalog(urls, index_dir=index_dir, index_missing=index_missing,
-                                             length_from=length_from, frames_per_second=frames_per_second,
-                                             index_workers=index_workers, url_hint=url_hint)
-        if self.catalog.num_samples == 0:
-            raise ValueError(f"the {len(self.catalog.urls)} shards hold no samples; check the shard list")
         self.config = WindowConfig(tokens, size, world_size, window, shuffle, drop_last, seed,
                                    planner, tuple(sorted(planner_options.items())))
+        failure = None
+        try:
+            self.catalog: Catalog = open_catalog(urls, index_dir=index_dir, index_missing=index_missing,
+                                                 length_from=length_from, frames_per_second=frames_per_second,
+                                                 index_workers=index_workers, url_hint=url_hint)
+            h = hashlib.blake2b(digest_size=8)
+            h.update((self.catalog.fingerprint() + repr(self.config.key())).encode())
+            self.fingerprint = h.hexdigest()
+        except (OSError, ValueError, TypeError) as exc:
+            failure = exc
+        if verify:
+            # A rank that failed to open its sidecars still joins the check
+            # (with fingerprint 0), so the others raise too instead of hanging.
+            try:
+                check_same_everywhere(0 if failure else int(self.fingerprint, 16) >> 1,
+                                      "the streaming plan (shard list, sidecars or streaming settings)")
+            except ValueError:
+                if failure is None:
+                    raise
+        if failure is not None:
+            raise failure
+        if self.catalog.num_samples == 0:
+            raise ValueError(f"the {len(self.catalog.urls)} shards hold no samples; check the shard list")
         self.rank = rank
         self.world_size = world_size
         self.decode = decode_audio if decode == "audio" else decode
         self.collate_fn = collate_fn
         self.on_error = on_error
-        h = hashlib.blake2b(digest_size=8)
-        h.update((self.catalog.fingerprint() + repr(self.config.key())).encode())
-        self.fingerprint = h.hexdigest()
-        if verify:
-            check_same_everywhere(int(self.fingerprint, 16) >> 1,
-                                  "the streaming plan (shard list, sidecars or streaming settings)")
         # Load the compiled planner now, so DataLoader workers forked later
         # inherit it instead of each loading (or compiling) it again.
         make_plan(np.ones(world_size, dtype=np.int64), tokens, size, world_size, planner=planner,
