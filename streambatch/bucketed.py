@@ -1,0 +1,178 @@
+"""The bucketed planner (plan layer): ``make_plan(..., planner="bucketed")``.
+
+Named for its first move: samples are counting-sorted into narrow length
+buckets (geometric, ``bucket_width`` apart) and shuffled inside each bucket,
+so a batch holds near-equal lengths (little padding) while its members change
+from epoch to epoch; the bucket grid itself shifts by a random fraction of a
+bucket each epoch. Steps of W batches are then laid out along that order, one
+at a time, from both ends towards the densest bucket (``_bucketed.plan_steps``
+tries a few layouts per step and keeps the one wasting the least padding,
+straggler time and budget), and the leftovers of both sides are finished
+together where lengths are densest. Step order and the rank each batch of a
+step goes to are shuffled.
+
+All of it is O(N) after an O(N) counting sort, and the plan is a pure function
+of (lengths, budget, cap, world size, shuffle, drop_last, seed, epoch,
+options): no clock, pid or global RNG.
+
+Options (keywords of ``make_plan``):
+
+- ``bucket_width`` (default 0.02): relative width of a length bucket, in
+  [0.001, 1]. Wider buckets shuffle more (a sample keeps fewer batch-mates across
+  epochs) and pad more: at 0.02 padding efficiency stays near 0.98.
+- ``cost``: a ``CostModel`` or the name of one (default: the seed's B * L**2);
+  what balance across ranks is measured in.
+- ``max_step_cost``: optional cap, in cost units, on every batch's cost. A
+  synchronous step lasts as long as its costliest batch, so this caps the
+  cost of a step: steps of long utterances get fewer samples instead of
+  taking longer. A lone sample above it still forms a batch of one, as with
+  the token budget.
+
+``drop_last=True`` leaves out (and returns as ``Plan.leftover``) the samples
+that cannot complete a step; without it they are dealt evenly into the final
+one or two steps, and a final step of fewer than W samples is padded as the
+foundation's rule says.
+"""
+
+from __future__ import annotations
+
+import numbers
+from typing import Any
+
+import numpy as np
+
+from ._bucketed import bucket_sort, plan_steps, step_permutation
+from ._hash import _mix, hash_array
+from ._mt19937 import seed_key
+from .cost import INT64_MAX, CostModel, resolve_cost
+from .greedy import index_dtype
+from .plan import Plan, assemble, finish_last_step
+
+DEFAULT_BUCKET_WIDTH = 0.02
+MIN_BUCKET_WIDTH = 0.001  # keeps the bucket count (~ ln(max_len) / width) in the tens of thousands
+OPTIONS = ("bucket_width", "cost", "max_step_cost")
+_SALT = np.uint64(0x6275636B65746564)  # "bucketed"
+
+
+def plan_key(seed: int, epoch: int) -> np.uint64:
+    """The 64-bit key all of an epoch's randomness is drawn from."""
+    h = hash_array(seed_key(seed).astype(np.int64), _SALT)
+    h = _mix(h, np.uint64(seed < 0))
+    return hash_array(seed_key(epoch).astype(np.int64), h)
+
+
+def bucket_edges(max_len: int, width: float, phase: float) -> np.ndarray:
+    """(k,) int64 strictly increasing bucket edges >= 1, the last > max_len.
+
+    Lengths below 1 / width get a bucket each (edges 1, 2, ...); above, edges
+    grow geometrically by 1 + width, from (1 / width) * (1 + width * phase)
+    on. Built by repeated float multiplication, which is exactly rounded, so
+    every machine computes the same edges.
+    """
+    start = int(min(np.ceil(1.0 / width), max_len + 1))
+    edges = list(range(1, start + 1))
+    e = start * (1.0 + width * phase)
+    while edges[-1] <= max_len:
+        v = int(np.ceil(e))
+        if v > edges[-1]:
+            edges.append(v)
+        e *= 1.0 + width
+    return np.array(edges, dtype=np.int64)
+
+
+def check_options(options: dict[str, Any]) -> tuple[float, CostModel, float | None]:
+    """Validated (bucket_width, cost model, max_step_cost) from ``options``."""
+    unknown = sorted(set(options) - set(OPTIONS))
+    if unknown:
+        raise TypeError(f"planner 'bucketed' got unknown option(s) {unknown}; valid options are {list(OPTIONS)}")
+    width = options.get("bucket_width", DEFAULT_BUCKET_WIDTH)
+    if isinstance(width, bool) or not isinstance(width, numbers.Real):
+        raise TypeError(
+            f"bucket_width must be a number in [{MIN_BUCKET_WIDTH}, 1], got {width!r} ({type(width).__name__})"
+        )
+    width = float(width)
+    if not MIN_BUCKET_WIDTH <= width <= 1.0:
+        raise ValueError(
+            f"bucket_width must be in [{MIN_BUCKET_WIDTH}, 1] (relative width of a length bucket), got {width}; "
+            f"the default {DEFAULT_BUCKET_WIDTH} keeps padding low while shuffling within buckets"
+        )
+    cost = resolve_cost(options.get("cost"))
+    max_step_cost = options.get("max_step_cost")
+    if max_step_cost is not None:
+        if isinstance(max_step_cost, bool) or not isinstance(max_step_cost, numbers.Real):
+            raise TypeError(
+                f"max_step_cost must be a number > 0 (cost units of {cost}) or None, got {max_step_cost!r} "
+                f"({type(max_step_cost).__name__})"
+            )
+        try:
+            value = float(max_step_cost)
+        except OverflowError:
+            value = float("inf")
+        if not (np.isfinite(value) and value > 0):
+            raise ValueError(
+                f"max_step_cost must be a finite number > 0 (cost units of {cost}) or None for no cap, "
+                f"got {max_step_cost}"
+            )
+        max_step_cost = value
+    return width, cost, max_step_cost
+
+
+def plan_bucketed(lengths: np.ndarray, max_batch_tokens: int, max_batch_size: int, world_size: int,
+                  shuffle: bool, drop_last: bool, seed: int, epoch: int, **options: Any) -> Plan:
+    """Plan an epoch with the bucketed planner. Inputs other than ``options``
+    must already be validated (``make_plan`` does it).
+
+    lengths: (N,) int64 >= 0. Returns a Plan whose steps all have W non-empty
+    batches; with ``drop_last`` the tail that cannot complete a step is left
+    out and returned as ``leftover``.
+    """
+    width, cost, max_step_cost = check_options(options)
+    n = lengths.shape[0]
+    w = world_size
+    dtype = index_dtype(n)
+    if n == 0:
+        empty = np.zeros(0, dtype=dtype)
+        return assemble(empty, np.zeros((0, w), dtype=np.int64), np.zeros(0, dtype=np.int64), w)
+    lmax = int(lengths.max())
+    cap = min(max_batch_size, n)
+    tokens = min(max_batch_tokens, cap * max(lmax, 1) + 1)
+    cost.check_range(lmax, tokens, cap, w)
+    max_cost = INT64_MAX
+    if max_step_cost is not None:
+        max_cost = int(min(np.floor(max_step_cost * cost.scale), INT64_MAX))
+        if max_cost < 1:
+            raise ValueError(f"max_step_cost={max_step_cost} is below the cost of any batch ({cost}); raise it")
+    key = plan_key(seed, epoch)
+    phase = float(_mix(key, np.uint64(1)) >> np.uint64(11)) / 2.0**53 if shuffle else 0.0
+    edges = bucket_edges(lmax, width, phase)
+    # Sorted lengths in the narrowest dtype that holds them: the step kernel
+    # streams through them several times.
+    len_dtype = np.int16 if lmax < 2**15 else np.int32 if lmax < 2**31 else np.int64
+    order = np.empty(n, dtype=dtype)
+    slen = np.empty(n, dtype=len_dtype)
+    out = np.empty(n + w, dtype=dtype)
+    scratch = np.empty(n if shuffle else 0, dtype=len_dtype)
+    m = bucket_sort(lengths, lmax, edges, _mix(key, np.uint64(2)), shuffle, tokens, cap, order, slen, out, scratch)
+    del scratch
+    # Lay steps out from the short end up and from the long end down; the
+    # tails of both (under two steps each) meet where lengths are densest
+    # and are finished there together, so no runt step lands in a sparse tail.
+    args = (w, tokens, cap, cost.code, cost.q, max_cost)
+    step_key = _mix(key, np.uint64(3))
+    low, n_low, stop_low = plan_steps(order[:m], slen[:m], *args, False, False, shuffle, step_key, 0, out)
+    high, n_high, stop_high = plan_steps(order[m:], slen[m:], *args, False, False, shuffle, step_key,
+                                         low.shape[0], out[n_low:])
+    rest_order = np.concatenate([order[stop_low:m], order[m + stop_high :][::-1]])
+    rest_len = np.concatenate([slen[stop_low:m], slen[m + stop_high :][::-1]])
+    del order, slen
+    end, n_end, stop = plan_steps(rest_order, rest_len, *args, True, drop_last, shuffle, step_key,
+                                  low.shape[0] + high.shape[0], out[n_low + n_high :])
+    leftover = rest_order[stop:].copy()
+    counts = np.concatenate([low, high, end])
+    n_out = n_low + n_high + n_end
+    out, counts, padded, _ = finish_last_step(out, counts, n_out, False)
+    if shuffle:
+        step_order = step_permutation(counts.shape[0], _mix(key, np.uint64(4)))
+    else:
+        step_order = np.arange(counts.shape[0], dtype=np.int64)
+    return assemble(out, counts, step_order, w, padded, leftover)

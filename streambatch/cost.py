@@ -1,0 +1,117 @@
+"""What a batch costs: the model planners balance ranks and steps with.
+
+A batch of ``B`` samples padded to ``L`` costs
+
+    linear               B * L                 (tokens: memory, or a conv/RNN model)
+    quadratic            B * L**2              (the seed's attention proxy; the default)
+    quadratic_duration   B * (L + L**2 / q)    (lhotse's ``quadratic_duration``)
+
+``q`` is in the same units as the lengths (frames or tokens, not seconds:
+lhotse's ``quadratic_duration=30`` at 50 frames/s is ``q=1500``). Kernels get
+the model as two integers, ``code`` and ``q``, and compute ``scale * cost`` in
+int64 (``scale`` is ``q`` for quadratic_duration, 1 otherwise), so no float
+ever decides a plan.
+"""
+
+from __future__ import annotations
+
+import numbers
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+INT64_MAX = np.iinfo(np.int64).max
+KINDS = ("linear", "quadratic", "quadratic_duration")
+
+
+@dataclass(frozen=True)
+class CostModel:
+    """A batch cost model: ``kind`` is one of ``KINDS``; ``q`` (length units,
+    >= 1) only for ``quadratic_duration``. Build with ``CostModel.linear()``,
+    ``CostModel.quadratic()`` or ``CostModel.quadratic_duration(q)``."""
+
+    kind: str = "quadratic"
+    q: int = 0
+
+    def __post_init__(self) -> None:
+        if self.kind not in KINDS:
+            raise ValueError(f"cost kind must be one of {KINDS}, got {self.kind!r}")
+        if self.kind == "quadratic_duration":
+            if isinstance(self.q, bool) or not isinstance(self.q, numbers.Integral):
+                raise TypeError(
+                    f"quadratic_duration's q must be an integer number of length units (e.g. frames), "
+                    f"got {self.q!r}; convert seconds with round(q_seconds * frame_rate)"
+                )
+            if not 1 <= int(self.q) <= 2**62:
+                raise ValueError(f"quadratic_duration's q must be in [1, 2**62] length units, got {self.q}")
+            object.__setattr__(self, "q", int(self.q))
+        elif self.q != 0:
+            raise ValueError(f"q only applies to kind='quadratic_duration'; got q={self.q!r} with kind={self.kind!r}")
+
+    @classmethod
+    def linear(cls) -> CostModel:
+        return cls("linear")
+
+    @classmethod
+    def quadratic(cls) -> CostModel:
+        return cls("quadratic")
+
+    @classmethod
+    def quadratic_duration(cls, q: int) -> CostModel:
+        return cls("quadratic_duration", q)
+
+    @property
+    def code(self) -> int:
+        """The kernel's integer code for ``kind``."""
+        return KINDS.index(self.kind)
+
+    @property
+    def scale(self) -> int:
+        """Kernels compute ``scale * cost`` to stay in integers."""
+        return self.q if self.kind == "quadratic_duration" else 1
+
+    def scaled(self, count: Any, max_len: Any) -> np.ndarray:
+        """``scale * cost`` of batches, exactly as kernels compute it (int64)."""
+        b = np.asarray(count, dtype=np.int64)
+        m = np.asarray(max_len, dtype=np.int64)
+        if self.kind == "linear":
+            return b * m
+        if self.kind == "quadratic":
+            return b * m * m
+        return b * m * (self.q + m)
+
+    def batch_cost(self, count: Any, max_len: Any) -> np.ndarray:
+        """Cost of batches of ``count`` samples padded to ``max_len`` (float64)."""
+        return self.scaled(count, max_len) / float(self.scale)
+
+    def check_range(self, max_len: int, max_tokens: int, max_size: int, world_size: int) -> None:
+        """Refuse lengths whose scaled costs summed over a step could overflow int64."""
+        # A feasible batch holds <= min(budget, size cap * L) tokens, and a lone sample may exceed the budget.
+        tokens = max(max_len, min(max_tokens, max_size * max_len))
+        per_token = {"linear": 1, "quadratic": max_len, "quadratic_duration": self.q + max_len}[self.kind]
+        bound = world_size * tokens * per_token
+        if bound > INT64_MAX // 4:
+            raise ValueError(
+                f"lengths up to {max_len} with max_batch_tokens={max_tokens}, max_batch_size={max_size}, "
+                f"world_size={world_size} and cost {self} give step costs up to ~{bound:.3g}, beyond int64; "
+                "express lengths in coarser units (e.g. frames instead of audio samples)"
+            )
+
+    def __str__(self) -> str:
+        return {"linear": "B*L", "quadratic": "B*L^2", "quadratic_duration": f"B*(L+L^2/{self.q})"}[self.kind]
+
+
+def resolve_cost(cost: Any) -> CostModel:
+    """A CostModel from ``None`` (the seed's quadratic), a kind name or a CostModel."""
+    if cost is None:
+        return CostModel.quadratic()
+    if isinstance(cost, CostModel):
+        return cost
+    if isinstance(cost, str):
+        if cost == "quadratic_duration":
+            raise ValueError("cost='quadratic_duration' needs q: pass cost=CostModel.quadratic_duration(q)")
+        if cost not in KINDS:
+            raise ValueError(f"cost must be one of {KINDS} or a CostModel, got {cost!r}")
+        return CostModel(cost)
+    raise TypeError(f"cost must be a CostModel or one of {KINDS}, got {cost!r} ({type(cost).__name__})")
