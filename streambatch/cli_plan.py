@@ -1,0 +1,162 @@
+"""``streambatch plan`` and ``streambatch index``: lengths in, a quality report out.
+
+INPUTs are lengths files and manifests (``streambatch.manifest``) or indexed
+WebDataset shards (their sidecars' lengths); the plan is ``make_plan``'s and
+the report is ``streambatch.report``'s.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import sys
+import time
+
+import numpy as np
+
+from .report import audio_time
+
+
+_BRACES = re.compile(r"\{\d+\.\.\d+\}")
+_SHARD_EXT = (".tar", ".tar.gz", ".tgz")
+
+
+def is_shards(text: str) -> bool:
+    """Does an INPUT name WebDataset shards (rather than a lengths file)?"""
+    if text.startswith("pipe:") or "://" in text or text.endswith(_SHARD_EXT) or _BRACES.search(text):
+        return True
+    return os.path.isdir(text) and any(n.endswith(_SHARD_EXT) for n in os.listdir(text))
+
+
+def _shard_list(text: str) -> list[str]:
+    if os.path.isdir(text):
+        found = sorted(os.path.join(text, n) for n in os.listdir(text) if n.endswith(_SHARD_EXT))
+        if not found:
+            raise ValueError(f"{text} is a directory without .tar shards; pass shard paths or a pattern "
+                             "like 'train-{000000..000099}.tar'")
+        return found
+    return [text]
+
+
+def load_inputs(inputs: list[str], field: str | None, fps: float | None, index_dir: str | None
+                ) -> tuple[np.ndarray, str, float | None]:
+    """(N,) int64 lengths of all inputs in order, where they came from, and
+    frames per second (given, or read from the shards' sidecars) or None."""
+    from .manifest import read_lengths
+
+    parts, names = [], []
+    shards = [s for text in inputs if is_shards(text) for s in _shard_list(text)]
+    files = [text for text in inputs if not is_shards(text)]
+    if shards:
+        from .streaming import open_catalog
+        from .streaming.index import read_meta
+
+        hint = inputs[0] if len(inputs) == 1 else None
+        cat = open_catalog(shards, index_dir=index_dir, url_hint=hint)
+        # Sidecars record how their lengths were made ("json:duration*50/s"):
+        # that gives the frame rate, and --field/--fps are checked against it.
+        source, _, rate = read_meta(cat.sidecars[0])["length_from"].partition("*")
+        indexed_fps = float(rate[:-2]) if rate.endswith("/s") else None
+        wanted = f"json:{field}" if field else source
+        if wanted != source or (fps and fps != indexed_fps):
+            if wanted.startswith("fn:"):
+                raise ValueError(f"{cat.urls[0]} was indexed with a Python function ({source}); --frames-per-second "
+                                 "cannot be checked against it: drop it, or re-index with `streambatch index --force`")
+            # raises, naming the `streambatch index --force ...` command that re-indexes
+            cat = open_catalog(shards, index_dir=index_dir, length_from=wanted,
+                               frames_per_second=fps or indexed_fps, url_hint=hint)
+        fps = fps or indexed_fps
+        parts.append(np.concatenate([cat.lengths(i) for i in range(len(cat.urls))]))
+        names.append(f"{len(cat.urls)} indexed shard{'s' * (len(cat.urls) != 1)}")
+    for path in files:
+        parts.append(read_lengths(path, field=field, frames_per_second=fps))
+        names.append(os.path.basename(path))
+    how = f" ({fps:g} frames/s)" if fps else ""
+    return np.concatenate(parts), ", ".join(names) + how, fps
+
+
+def run_plan(args: argparse.Namespace) -> int:
+    from .planners import make_plan
+    from .report import (check_figure_path, format_quality, histogram, plan_batches, plot_plan, quality,
+                         seconds_label)
+
+    if args.plot:
+        check_figure_path(args.plot)
+    lengths, source, fps = load_inputs(args.inputs, args.field, args.frames_per_second, args.index_dir)
+    options = dict(args.planner_option)
+    # Load the compiled planner first, so the time below is planning only.
+    make_plan(np.ones(args.world_size, dtype=np.int64), args.max_batch_tokens, args.max_batch_size,
+              args.world_size, planner=args.planner, **options)
+    t = time.perf_counter()
+    plan = make_plan(lengths, args.max_batch_tokens, args.max_batch_size, args.world_size,
+                     shuffle=not args.no_shuffle, drop_last=args.drop_last, seed=args.seed, epoch=args.epoch,
+                     planner=args.planner, **options)
+    seconds = time.perf_counter() - t
+    batches = plan_batches(plan, lengths)
+    q = quality(batches, args.max_batch_tokens)
+    if args.json:
+        out = {"samples": int(lengths.size), "source": source, "planner": args.planner,
+               "max_batch_tokens": args.max_batch_tokens, "max_batch_size": args.max_batch_size,
+               "world_size": args.world_size, "seed": args.seed, "epoch": args.epoch,
+               "num_padded": plan.num_padded, "num_dropped": plan.num_dropped, "plan_seconds": seconds,
+               **q.as_dict()}
+        print(json.dumps(out))
+    else:
+        opts = "".join(f", {k}={v!r}" for k, v in options.items())
+        print(f"{lengths.size:,} samples from {source}")
+        print(f"  planner {args.planner}{opts}, max_batch_tokens {args.max_batch_tokens:,}, max_batch_size "
+              f"{args.max_batch_size}, world size {args.world_size}, seed {args.seed}, epoch {args.epoch}")
+        print(f"  planned in {seconds:.3f} s ({lengths.size / max(seconds, 1e-9) / 1e6:.1f}M samples/s, warm)")
+        print(f"  {_length_summary(lengths, fps)}")
+        extra = (f", {plan.num_padded} padded repeat(s) fill the final step" if plan.num_padded else "") + \
+                (f", {plan.num_dropped} dropped with the partial final step" if plan.num_dropped else "")
+        print(f"  each sample once{extra}\n")
+        print("\n".join(format_quality(q)))
+        print(f"\nbatch size (samples per batch, {q.batches:,} batches)")
+        print("\n".join(histogram(batches.sizes[batches.sizes > 0])))
+        unit = "frames" if fps else "length units"
+        print(f"\nsample length ({unit}{', seconds' if fps else ''})")
+        print("\n".join(histogram(lengths, label=seconds_label(fps))))
+    if args.plot:
+        plot_plan(args.plot, batches, args.max_batch_tokens, args.max_batch_size,
+                  title=f"{source}: {args.planner}, budget {args.max_batch_tokens:,}, W={args.world_size}")
+        print(f"\nwrote {args.plot}", file=sys.stderr if args.json else sys.stdout)
+    return 0
+
+
+def _length_summary(lengths: np.ndarray, fps: float | None) -> str:
+    p = np.percentile(lengths, [0, 50, 95, 100], method="nearest").astype(np.int64)
+    text = f"lengths: min {p[0]:,}, median {p[1]:,}, p95 {p[2]:,}, max {p[3]:,}, total {int(lengths.sum()):,}"
+    if fps:
+        text += f" = {audio_time(lengths.sum() / fps)}"
+    return text
+
+
+# ---------------------------------------------------------------- index
+
+
+def run_index(args: argparse.Namespace) -> int:
+    from .streaming import index_shards
+
+    shards = [u for text in args.shards for u in _shard_list(text)]
+    s = index_shards(shards, length_from=args.length_from, frames_per_second=args.frames_per_second,
+                     index_dir=args.index_dir, workers=args.workers,
+                     progress=not args.no_progress and sys.stderr.isatty(), force=args.force)
+    fps = args.frames_per_second
+    sec = (lambda v: f" ({v / fps:.1f} s)") if fps else (lambda v: "")
+    where = f"in {args.index_dir}" if args.index_dir else "next to the shards"
+    print(f"{s.shards:,} shards: {s.indexed:,} indexed, {s.current:,} already current ({s.seconds:.1f} s); "
+          f"sidecars {where}")
+    print(f"  samples          {s.samples:,}")
+    total = f"{s.total_length:,}"
+    if fps:
+        total += f" frames = {audio_time(s.total_length / fps)}"
+    print(f"  total length     {total}")
+    if s.percentiles:
+        print("  length           " + ", ".join(f"{k} {v:,}{sec(v)}" for k, v in s.percentiles.items()))
+    pattern = args.shards[0] if len(args.shards) == 1 else "SHARDS..."
+    flags = f" --index-dir {args.index_dir}" if args.index_dir else ""  # the sidecars tell plan the frame rate
+    print(f"next: streambatch plan '{pattern}'{flags} --max-batch-tokens 16000 --world-size 8")
+    return 0
