@@ -1,12 +1,36 @@
 """streambatch: token-budget batch planning for speech/audio training with PyTorch."""
 
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
 from .plan import Plan
 from .planners import PLANNERS, make_plan
-from .sampler import DynamicBatchSampler
-from .streaming import IndexSummary, ShardError, StreamingBatches, collate_audio, decode_audio, index_shards
 
-__all__ = [
-    "DynamicBatchSampler", "Plan", "PLANNERS", "make_plan",
-    "StreamingBatches", "index_shards", "IndexSummary", "ShardError", "collate_audio", "decode_audio",
-]
+# The torch/webdataset glue is imported on first use, so that planning and the
+# command line's --help do not pay for importing torch.
+_LAZY = {
+    "DynamicBatchSampler": ".sampler",
+    "StreamingBatches": ".streaming",
+    "index_shards": ".streaming",
+    "IndexSummary": ".streaming",
+    "ShardError": ".streaming",
+    "collate_audio": ".streaming",
+    "decode_audio": ".streaming",
+}
+
+__all__ = ["Plan", "PLANNERS", "make_plan", *_LAZY]
 __version__ = "0.1.0"
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        value = getattr(importlib.import_module(_LAZY[name], __name__), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'streambatch' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))
