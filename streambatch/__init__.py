@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
+from .cost import CostModel
 from .plan import Plan
 from .planners import PLANNERS, make_plan
 
@@ -20,7 +21,7 @@ _LAZY = {
     "decode_audio": ".streaming",
 }
 
-__all__ = ["Plan", "PLANNERS", "make_plan", *_LAZY]
+__all__ = ["CostModel", "Plan", "PLANNERS", "make_plan", *_LAZY]
 __version__ = "0.1.0"
 
 

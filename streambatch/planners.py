@@ -4,13 +4,14 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
+from .bucketed import plan_bucketed
 from .greedy import plan_greedy
 from .plan import Plan
 from .validation import check_budget, check_cost_range, check_flag, check_int, check_seed, coerce_lengths
 
 # name -> function(lengths, max_batch_tokens, max_batch_size, world_size,
 #                  shuffle, drop_last, seed, epoch, **options) -> Plan
-PLANNERS: dict[str, Callable[..., Plan]] = {"greedy": plan_greedy}
+PLANNERS: dict[str, Callable[..., Plan]] = {"greedy": plan_greedy, "bucketed": plan_bucketed}
 
 
 def register_planner(name: str, fn: Callable[..., Plan]) -> None:
