@@ -50,11 +50,12 @@ def run_ranks(corpus, world, epoch=0, **kw):
 
 @pytest.mark.parametrize("world", [1, 2, 3, 4])
 @pytest.mark.parametrize("drop_last", [False, True])
-def test_exactly_once_equal_steps_and_budget(corpus, world, drop_last):
+@pytest.mark.parametrize("planner", ["greedy", "bucketed"])
+def test_exactly_once_equal_steps_and_budget(corpus, world, drop_last, planner):
     expected = corpus[2]
-    ds = make(corpus, rank=0, world_size=world, drop_last=drop_last)
+    ds = make(corpus, rank=0, world_size=world, drop_last=drop_last, planner=planner)
     summary = ds.epoch_summary()
-    per_rank = run_ranks(corpus, world, drop_last=drop_last)
+    per_rank = run_ranks(corpus, world, drop_last=drop_last, planner=planner)
     assert all(len(r) == len(ds) == summary.steps for r in per_rank)
     counts = collections.Counter(k for r in per_rank for b in r for k in b)
     assert all(len(b) > 0 for r in per_rank for b in r)
