@@ -438,7 +438,8 @@ def plan_steps(order, slen, w, max_tokens, max_size, code, q, max_cost, finish, 
     one or two final steps (``_finish_split``); with ``drop_last`` instead,
     what cannot complete a step is left out.
 
-    Returns (counts (n_steps, W) int64, n_out, stop): order[stop:] was not
+    Returns (counts, n_steps, n_out, stop): counts[:n_steps] (int64, W wide) are
+    the batch sizes; order[stop:] was not
     planned; the final step has empty ranks (for the caller to pad) only when
     fewer than W samples remained.
     """
@@ -460,8 +461,11 @@ def plan_steps(order, slen, w, max_tokens, max_size, code, q, max_cost, finish, 
     step = 0
     while p < n:
         if step + 2 > counts.shape[0]:
+            # explicit loops: Numba compiles slice assignment slowly
             grown = np.zeros((2 * counts.shape[0], w), dtype=np.int64)
-            grown[:step] = counts[:step]
+            for i in range(step):
+                for r in range(w):
+                    grown[i, r] = counts[i, r]
             counts = grown
         rot = _below(rot_key, first_step + step, w) if shuffle else 0
         left = n - p
@@ -475,7 +479,8 @@ def plan_steps(order, slen, w, max_tokens, max_size, code, q, max_cost, finish, 
             p = n
             step += 1
             break
-        rates[:] = np.inf
+        for c in range(rates.shape[0]):
+            rates[c] = np.inf
         cheapest = np.iinfo(np.int64).max
         settled = False
         for c in range(n_contig):
@@ -535,7 +540,7 @@ def plan_steps(order, slen, w, max_tokens, max_size, code, q, max_cost, finish, 
         else:
             n_out, p = _write_contiguous(order, p, sizes[best], w, rot, out, n_out, counts[step], cur)
         step += 1
-    return counts[:step].copy(), n_out, p
+    return counts, step, n_out, p
 
 
 @njit(cache=True)

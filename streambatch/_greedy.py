@@ -38,8 +38,9 @@ def greedy_steps(order, lengths, world_size, max_tokens, max_size, out):
     (checked by the caller; ``max_size <= n``). out: (>= n,) int, receives the
     samples grouped by step then rank, in placement order within a batch.
 
-    Returns counts: (n_steps, world_size) int64 batch sizes. Every step is full
-    (all ranks non-empty) except possibly the last.
+    Returns (counts, n_steps): counts[:n_steps * W] are the batch sizes,
+    step-major. Every step is full (all ranks non-empty) except possibly the
+    last.
     """
     n = order.shape[0]
     w = world_size
@@ -86,7 +87,7 @@ def greedy_steps(order, lengths, world_size, max_tokens, max_size, out):
             rank_pos[r] += 1
         n_out += m
         step += 1
-    return counts[: step * w].copy().reshape((step, w))
+    return counts, step
 
 
 # Rows of the group state: one (10, W) int64 array, so kernels pass one array
@@ -287,16 +288,13 @@ def _place(step_samples, step_ranks, m, sample, rank):
 
 @njit(cache=True)
 def _grow1(a):
-    out = np.empty(2 * a.shape[0], dtype=a.dtype)
-    out[: a.shape[0]] = a
+    # explicit loops: slice assignment makes Numba emit (and compile) much more code
+    out = np.empty(2 * a.shape[0], dtype=np.int64)
+    for i in range(a.shape[0]):
+        out[i] = a[i]
     return out
 
 
 @njit(cache=True)
 def _grow(a, b):
-    m = a.shape[0]
-    a2 = np.empty(2 * m, dtype=np.int64)
-    a2[:m] = a
-    b2 = np.empty(2 * m, dtype=np.int64)
-    b2[:m] = b
-    return a2, b2
+    return _grow1(a), _grow1(b)

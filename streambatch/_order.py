@@ -35,7 +35,8 @@ def radix_argsort(keys, out, tmp):
     in_tmp = False  # numba cannot compare arrays by identity, so track parity
     shift = 0
     while (kmax >> shift) > 0:
-        counts[:] = 0
+        for d in range(_RADIX):
+            counts[d] = 0
         for i in range(n):
             counts[(keys[src[i]] >> shift) & (_RADIX - 1)] += 1
         nonzero = 0

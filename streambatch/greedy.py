@@ -47,7 +47,8 @@ def plan_greedy(lengths: np.ndarray, max_batch_tokens: int, max_batch_size: int,
     # A size cap above N never binds; clamping keeps kernel buffers bounded.
     cap = min(max_batch_size, max(n, 1))
     tokens = min(max_batch_tokens, cap * int(lengths.max(initial=0)) + 1)
-    counts = greedy_steps(buf_a[:n], lengths, w, tokens, cap, buf_b)
+    flat, n_steps = greedy_steps(buf_a[:n], lengths, w, tokens, cap, buf_b)
+    counts = flat[: n_steps * w].reshape(n_steps, w)
     del buf_a
     samples, counts, padded, leftover = finish_last_step(buf_b, counts, n, drop_last)
     step_order = np.arange(counts.shape[0], dtype=np.int64)
