@@ -57,6 +57,7 @@ def greedy_steps(order, lengths, world_size, max_tokens, max_size, out):
     block_start = -_BLOCK
     while pos < n:
         _reset(groups, w)
+        rot0 = step % w  # once per step: a division per sample is measurable
         m = 0  # samples placed in this step
         while pos < n:
             if pos >= block_start + _BLOCK:
@@ -64,7 +65,7 @@ def greedy_steps(order, lengths, world_size, max_tokens, max_size, out):
                 for i in range(min(_BLOCK, n - pos)):
                     block[i] = lengths[order[pos + i]]
             ln = block[pos - block_start]
-            chosen = _choose_and_place(groups, ln, w, step % w, max_tokens, max_size)
+            chosen = _choose_and_place(groups, ln, w, rot0, max_tokens, max_size)
             if chosen < 0:
                 break  # every rank is closed: the step is complete
             _place(step_samples, step_ranks, m, order[pos], chosen)
@@ -134,7 +135,8 @@ def _first_member(groups, g, rot0, w):
     """(member of group g with the smallest (rank - rot0) mod W, that rotation)."""
     if groups[_SIZE, g] == 1:
         r = groups[_XOR, g]
-        return r, (r - rot0 + w) % w
+        d = r - rot0  # (r - rot0) mod w without a division: 0 <= rot0 < w
+        return r, d + w if d < 0 else d
     for d in range(w):
         r = rot0 + d
         if r >= w:
