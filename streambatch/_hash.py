@@ -4,9 +4,6 @@ from __future__ import annotations
 
 from numba import njit
 
-_MASK64 = 0xFFFFFFFFFFFFFFFF
-
-
 @njit(cache=True)
 def _mix(h, v):
     # splitmix64 finaliser over (h + v); uint64 arithmetic wraps as intended.

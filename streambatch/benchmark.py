@@ -42,6 +42,41 @@ def best_time(fn: Callable[[], object], repeats: int) -> float:
     return best
 
 
+def _status(field: str) -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(field):
+                return int(line.split()[1]) * 1024
+    raise OSError(f"no {field} in /proc/self/status")
+
+
+def _trim() -> None:
+    """Return freed heap memory to the OS. glibc keeps large freed blocks once
+    its mmap threshold has grown, so without this a second plan of the same
+    size reuses the first one's pages and seems to need no memory."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None).malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
+
+
+def peak_growth(fn: Callable[[], object]) -> int | None:
+    """Bytes the peak RSS rose above the current RSS while ``fn`` ran; None
+    where /proc cannot tell (not Linux, or no permission to reset the mark)."""
+    _trim()
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")  # resets VmHWM to the current RSS (Linux >= 4.0)
+        before = _status("VmRSS:")
+    except OSError:
+        fn()
+        return None
+    fn()
+    return max(0, _status("VmHWM:") - before)
+
+
 def versus_seed(n: int = 20_000, worlds: Iterable[int] = (1, 8, 16, 64), planners: Iterable[str] = ("greedy",),
                 progress: Callable[[str], None] = lambda s: None) -> list[dict]:
     """Rows of {world_size, planner, seconds, seed_seconds, ratio} at ``n`` samples."""
@@ -67,19 +102,9 @@ _CHILD = r"""
 import json, sys, time
 import numpy as np
 
-def hwm_reset():
-    # writing 5 to clear_refs resets the peak-RSS mark (Linux >= 4.0)
-    with open("/proc/self/clear_refs", "w") as f:
-        f.write("5")
-
-def rss(field):
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(field):
-                return int(line.split()[1]) * 1024
-
 t0 = time.perf_counter()
 from streambatch import make_plan
+from streambatch.benchmark import peak_growth
 t_import = time.perf_counter() - t0
 lengths = np.load(sys.argv[1])
 w, planner, repeats = int(sys.argv[2]), sys.argv[3], int(sys.argv[4])
@@ -89,13 +114,9 @@ first = time.perf_counter() - t
 best = float("inf")
 growth = 0
 for _ in range(repeats):
-    hwm_reset()
-    before = rss("VmRSS:")
     t = time.perf_counter()
-    plan = make_plan(lengths, 16000, 64, w, planner=planner)
+    growth = max(growth, peak_growth(lambda: make_plan(lengths, 16000, 64, w, planner=planner)) or 0)
     best = min(best, time.perf_counter() - t)
-    growth = max(growth, rss("VmHWM:") - before)
-    del plan
 print(json.dumps({"import": t_import, "first_call": first, "seconds": best, "peak_bytes": growth}))
 """
 
@@ -113,8 +134,7 @@ def at_scale(n: int = 10_000_000, world_size: int = 64, planners: Iterable[str] 
              repeats: int = 3) -> list[dict]:
     """Warm planning time and peak planning memory, each planner in a fresh process.
 
-    Memory is the growth of the process's peak RSS (VmHWM, reset before each
-    run) over its RSS just before planning, with the lengths loaded, per sample.
+    Memory is ``peak_growth`` of each run (the lengths already loaded), per sample.
     """
     rows = []
     with tempfile.TemporaryDirectory() as tmp:

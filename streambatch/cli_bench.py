@@ -55,41 +55,6 @@ class Progress:
             self.bar.close()
 
 
-def _status(field: str) -> int:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(field):
-                return int(line.split()[1]) * 1024
-    raise OSError(f"no {field} in /proc/self/status")
-
-
-def _trim() -> None:
-    """Return freed heap memory to the OS. glibc keeps large freed blocks once
-    its mmap threshold has grown, so without this a second plan of the same
-    size reuses the first one's pages and seems to need no memory."""
-    try:
-        import ctypes
-
-        ctypes.CDLL(None).malloc_trim(0)
-    except (OSError, AttributeError):
-        pass
-
-
-def peak_growth(fn: Callable[[], object]) -> int | None:
-    """Bytes the peak RSS rose above the current RSS while ``fn`` ran; None
-    where /proc cannot tell (not Linux, or no permission to reset the mark)."""
-    _trim()
-    try:
-        with open("/proc/self/clear_refs", "w") as f:
-            f.write("5")  # resets VmHWM to the current RSS (Linux >= 4.0)
-        before = _status("VmRSS:")
-    except OSError:
-        fn()
-        return None
-    fn()
-    return max(0, _status("VmHWM:") - before)
-
-
 def sweep(sizes: Iterable[int], worlds: Iterable[int], planners: Iterable[str], repeats: int | None,
           progress: Callable[[str], None] = lambda s: None) -> list[dict]:
     """Rows of {planner, n, world_size, seconds, samples_per_s, peak_bytes} for every cell."""
@@ -105,7 +70,7 @@ def sweep(sizes: Iterable[int], worlds: Iterable[int], planners: Iterable[str], 
                 run = lambda: make_plan(lengths, benchmark.BUDGET, benchmark.CAP, w, planner=name)  # noqa: E731
                 reps = repeats or (3 if n < 10_000_000 else 1)
                 t = time.perf_counter()
-                peak = peak_growth(run)  # also the first timed run: at 40M samples each run counts
+                peak = benchmark.peak_growth(run)  # also the first timed run: at 40M samples each run counts
                 seconds = time.perf_counter() - t
                 if reps > 1:
                     seconds = min(seconds, benchmark.best_time(run, reps - 1))

@@ -121,19 +121,13 @@ def finish_last_step(samples: np.ndarray, counts: np.ndarray, n_used: int, drop_
     if drop_last:
         return samples, counts[:-1], 0, samples[start:n_used].copy()
     step_samples = samples[start:n_used].copy()
-    new_last = last.copy()
-    new_last[empty] = 1
-    fill = np.empty(new_last.size, dtype=object)
-    pos = 0
-    for r in range(last.size):
-        if last[r]:
-            fill[r] = step_samples[pos : pos + last[r]]
-            pos += last[r]
+    batches = np.split(step_samples, np.cumsum(last)[:-1])  # one per rank, empty ones included
     for k, r in enumerate(empty):
-        fill[r] = step_samples[k % m : k % m + 1]
-    samples[start : start + int(new_last.sum())] = np.concatenate(list(fill))
+        batches[r] = step_samples[k % m : k % m + 1]
+    filled = np.concatenate(batches)
+    samples[start : start + filled.size] = filled
     counts = counts.copy()
-    counts[-1] = new_last
+    counts[-1, empty] = 1
     return samples, counts, int(empty.size), none
 
 

@@ -214,7 +214,8 @@ def test_shard_inputs_are_recognised(tmp_path, shards):
 
 
 def test_bench_helpers_in_process(capsys):
-    from streambatch.cli_bench import Progress, peak_growth, sweep
+    from streambatch.benchmark import peak_growth
+    from streambatch.cli_bench import Progress, sweep
 
     rows = sweep([1500, 500], [3], ["greedy"], 1)
     assert [(r["n"], r["world_size"]) for r in rows] == [(500, 3), (1500, 3)]
