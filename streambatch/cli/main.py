@@ -89,7 +89,7 @@ class _Formatter(argparse.RawDescriptionHelpFormatter):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from ..planners import PLANNERS
+    from ..planners import PLANNERS, SEED_EXACT
 
     planners = sorted(PLANNERS)
     p = _Parser(prog=PROG, formatter_class=_Formatter, description=(
@@ -142,7 +142,8 @@ def build_parser() -> argparse.ArgumentParser:
                     help="token budget per batch: batch size x longest length <= this")
     pl.add_argument("-b", "--max-batch-size", type=_whole(1), default=64, metavar="B", help="at most this many samples per batch")
     pl.add_argument("-w", "--world-size", type=_whole(1), default=1, metavar="W", help="ranks (one batch each per step)")
-    pl.add_argument("--planner", choices=planners, default="greedy", help="batch planner")
+    pl.add_argument("--planner", choices=planners, default=SEED_EXACT,
+                    help="batch planner (the sampler's default; --planner bucketed is the one to use for new runs)")
     pl.add_argument("-o", "--planner-option", type=_option, action="append", default=[], metavar="KEY=VALUE",
                     help="planner keyword option, repeatable (e.g. bucket_width=0.05 for the bucketed planner)")
     pl.add_argument("--seed", type=_whole(None), default=42, metavar="S", help="planning seed")
@@ -205,7 +206,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def recommended_planner(planners: list[str]) -> str:
     """The planner the README recommends for new runs when installed, else the seed-exact default."""
-    return "bucketed" if "bucketed" in planners else "greedy"
+    from ..planners import RECOMMENDED, SEED_EXACT
+
+    return RECOMMENDED if RECOMMENDED in planners else SEED_EXACT
 
 
 def _version() -> str:
