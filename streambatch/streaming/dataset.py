@@ -16,6 +16,7 @@ from torch.utils.data import IterableDataset, get_worker_info
 from ..planners import check_planner, make_plan
 from ..torch_glue.distributed import check_same_everywhere, is_distributed, resolve_world
 from ..core.validation import check_budget, check_flag, check_int, check_seed
+from ..integrations.guard import check_not_prepared
 from .audio import decode_audio
 from .catalog import Catalog, open_catalog
 from .errors import ShardError
@@ -147,6 +148,7 @@ class StreamingBatches(IterableDataset):
 
     def set_epoch(self, epoch: Any) -> None:
         """Select the epoch the next pass plans (shard order and windows)."""
+        check_not_prepared(self)  # accelerate's prepared loaders call this; they would re-split our batches
         epoch = check_int("epoch", epoch, 0)
         self._shared[_EPOCH] = epoch
         if self._shared[_RESUME_EPOCH] != epoch:

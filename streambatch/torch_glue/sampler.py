@@ -8,6 +8,7 @@ from typing import Any
 from torch.utils.data import Sampler
 
 from .distributed import check_same_everywhere, resolve_world
+from ..integrations.guard import check_per_rank_sampler
 from ..core.plan import Plan, RankBatches, config_fingerprint
 from ..planners import check_planner, make_plan
 from ..core.validation import check_budget, check_flag, check_int, check_seed, coerce_lengths
@@ -101,6 +102,12 @@ class DynamicBatchSampler(Sampler[list[int]]):
         self._consumed = n
 
     def __iter__(self) -> Iterator[list[int]]:
+        # At iter() time, on every process: raise if accelerate would re-deal
+        # our per-rank batches (silent data loss otherwise).
+        check_per_rank_sampler(self)
+        return self._iter_batches()
+
+    def _iter_batches(self) -> Iterator[list[int]]:
         start = self._start_batch
         self._start_batch = 0
         self._consumed = start
