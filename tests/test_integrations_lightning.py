@@ -1,0 +1,122 @@
+"""PyTorch Lightning: Trainer(strategy="ddp", accelerator="cpu", devices=2)
+with sync_with_trainer, DataLoader workers, and resumes from a mid-epoch
+checkpoint, an end-of-epoch checkpoint and a checkpoint taken after an
+epoch's last batch: every epoch is the plain DDP loop's, nothing lost or
+repeated.
+
+Lightning's "ddp" strategy starts the other process by running this file's
+command line again, so the runs are separate scripts: this module run as
+``python test_integrations_lightning.py OUT_DIR PHASE [CHECKPOINT]``.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+pytest.importorskip("lightning")
+
+import torch
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+EPOCHS, WORKERS, EVERY = 3, 2, 17  # an epoch is 51 batches per process here: steps 17, 34, 51 are checkpoints
+
+
+# ---------------------------------------------------------------- the training script
+
+def main(out: str, phase: str, checkpoint: str | None) -> None:
+    import lightning as L
+    from torch.utils.data import DataLoader
+
+    from streambatch import DynamicBatchSampler
+    from streambatch.integrations.lightning import sync_with_trainer
+    from trainer_runs import BUDGET, CAP, N, lengths
+
+    class Items(torch.utils.data.Dataset):
+        def __len__(self):
+            return N
+
+        def __getitem__(self, i):
+            return i
+
+    class Model(L.LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.w = torch.nn.Parameter(torch.zeros(1))
+            self.seen: list = []
+
+        def setup(self, stage):
+            # torch.distributed is up: rank and world size come from it
+            self.sampler = DynamicBatchSampler(lengths(), BUDGET, CAP, rank=None, world_size=None)
+
+        def train_dataloader(self):
+            sync_with_trainer(self.sampler, self.trainer)
+            return DataLoader(Items(), batch_sampler=self.sampler, collate_fn=torch.tensor, num_workers=WORKERS,
+                              multiprocessing_context="fork")
+
+        def training_step(self, batch, batch_idx):
+            self.seen.append([self.current_epoch, batch_idx, batch.tolist()])
+            return (self.w * batch.float()).mean()
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=1e-3)
+
+        def on_train_end(self):
+            with open(os.path.join(out, f"{phase}{self.global_rank}.json"), "w") as f:
+                json.dump(self.seen, f)
+
+    checkpoints = [L.pytorch.callbacks.ModelCheckpoint(dirpath=os.path.join(out, "ckpt"), filename="{epoch}-{step}",
+                                                       every_n_train_steps=EVERY, save_top_k=-1),
+                   L.pytorch.callbacks.ModelCheckpoint(dirpath=os.path.join(out, "ckpt"), filename="end-{epoch}",
+                                                       every_n_epochs=1, save_top_k=-1)]
+    trainer = L.Trainer(accelerator="cpu", devices=2, strategy="ddp", max_epochs=EPOCHS, logger=False,
+                        enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,
+                        use_distributed_sampler=False, reload_dataloaders_every_n_epochs=1,
+                        callbacks=checkpoints if phase == "first" else [])
+    trainer.fit(Model(), ckpt_path=checkpoint)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], sys.argv[2], sys.argv[3] if len(sys.argv) > 3 else None)
+
+
+# ---------------------------------------------------------------- the tests
+
+def _launch(out, phase, checkpoint=None):
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([HERE, os.path.dirname(HERE)]), OMP_NUM_THREADS="1")
+    for key in ("LOCAL_RANK", "RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+        env.pop(key, None)
+    args = [sys.executable, os.path.abspath(__file__), str(out), phase] + ([checkpoint] if checkpoint else [])
+    done = subprocess.run(args, env=env, capture_output=True, text=True, timeout=480)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return [json.load(open(os.path.join(out, f"{phase}{r}.json"))) for r in range(2)]
+
+
+@pytest.mark.slow
+def test_ddp_epochs_and_resumes_match_plain_ddp(tmp_path):
+    from trainer_runs import check_epoch, plain_ddp
+
+    ref = plain_ddp(EPOCHS)
+    assert len(ref[0][0]) == 3 * EVERY  # so that one step checkpoint falls on epoch 0's last batch
+    first = _launch(tmp_path, "first")
+    for r in range(2):
+        for e in range(EPOCHS):
+            assert [b for ep, _, b in first[r] if ep == e] == ref[r][e]
+    for e in range(EPOCHS):
+        check_epoch([ref[r][e] for r in range(2)])
+    ckpt = os.path.join(tmp_path, "ckpt")
+    resumes = {"mid-epoch": "epoch=1-step=68.ckpt",       # 17 batches into epoch 1
+               "after last batch": "epoch=0-step=51.ckpt",  # on_train_batch_end of epoch 0's last batch
+               "end of epoch": "end-epoch=0.ckpt"}          # on_train_epoch_end of epoch 0
+    assert set(resumes.values()) <= {os.path.basename(p) for p in glob.glob(os.path.join(ckpt, "*.ckpt"))}
+    for name, filename in resumes.items():
+        phase = "resume-" + name.replace(" ", "-")
+        resumed = _launch(tmp_path, phase, os.path.join(ckpt, filename))
+        done = 68 if name == "mid-epoch" else 51
+        for r in range(2):
+            assert resumed[r] == first[r][done:], f"{name}: rank {r} resumed wrongly"
