@@ -15,11 +15,12 @@ import torch.multiprocessing as mp
 from accelerate.data_loader import prepare_data_loader, skip_first_batches
 from torch.utils.data import DataLoader
 
-from helpers import Echo, free_port
-from shards import FPS, write_corpus
 from streambatch import DynamicBatchSampler, StreamingBatches
 from streambatch.integrations import FixedLengthEpochs, GlobalBatchSampler
 from streambatch.streaming import index_shards
+
+from helpers import Echo, free_port
+from shards import FPS, write_corpus
 from trainer_runs import BUDGET, CAP, WORLD, check_epoch, lengths, plain_ddp, rank_env, read_ranks, write_json
 
 
@@ -89,9 +90,21 @@ def test_views_check_their_sampler():
         FixedLengthEpochs(sampler()).set_epoch(-1)
 
 
+def test_streaming_batches_through_prepare_raises(tmp_path):
+    brace, _, _ = write_corpus(tmp_path, [12, 9], seed=2)
+    index_shards(brace, frames_per_second=FPS, workers=1, progress=False)
+    for dispatch in (False, True):
+        ds = StreamingBatches(brace, rank=0, world_size=WORLD, **STREAM)
+        loader = prepare_data_loader(DataLoader(ds, batch_size=None), num_processes=WORLD, process_index=0,
+                                     put_on_device=dispatch, dispatch_batches=dispatch)
+        with pytest.raises(ValueError, match="accelerator.prepare"):
+            next(iter(loader))
+
+
 # ---------------------------------------------------------------- two processes (gloo), real Accelerator
 
 K = 9  # batches of epoch 1 trained before the interruption
+STREAM = dict(max_batch_tokens=400, max_batch_size=12, window_samples=60)
 
 
 def _accelerator(stateful=False, dispatch=None):
@@ -205,9 +218,6 @@ def corpus(tmp_path_factory):
     brace, _, expected = write_corpus(d, [31, 27, 40, 22, 35], seed=5)
     index_shards(brace, frames_per_second=FPS, workers=1, progress=False)
     return brace, expected
-
-
-STREAM = dict(max_batch_tokens=400, max_batch_size=12, window_samples=60)
 
 
 def _streaming(rank, port, out, pattern, phase):

@@ -16,12 +16,14 @@ import json
 import os
 import subprocess
 import sys
+from importlib.util import find_spec
 
 import pytest
-
-pytest.importorskip("lightning")
-
 import torch
+
+# Lightning runs are multi-process (and importing lightning alone takes seconds)
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(find_spec("lightning") is None,
+                                                   reason="needs the integrations extra (lightning)")]
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 EPOCHS, WORKERS, EVERY = 3, 2, 17  # an epoch is 51 batches per process here: steps 17, 34, 51 are checkpoints
@@ -35,6 +37,7 @@ def main(out: str, phase: str, checkpoint: str | None) -> None:
 
     from streambatch import DynamicBatchSampler
     from streambatch.integrations.lightning import sync_with_trainer
+
     from trainer_runs import BUDGET, CAP, N, lengths
 
     class Items(torch.utils.data.Dataset):
@@ -74,8 +77,8 @@ def main(out: str, phase: str, checkpoint: str | None) -> None:
                                                        every_n_train_steps=EVERY, save_top_k=-1),
                    L.pytorch.callbacks.ModelCheckpoint(dirpath=os.path.join(out, "ckpt"), filename="end-{epoch}",
                                                        every_n_epochs=1, save_top_k=-1)]
-    trainer = L.Trainer(accelerator="cpu", devices=2, strategy="ddp", max_epochs=EPOCHS, logger=False,
-                        enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,
+    trainer = L.Trainer(accelerator="cpu", devices=2, strategy="ddp", max_epochs=EPOCHS, default_root_dir=out,
+                        logger=False, enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,
                         use_distributed_sampler=False, reload_dataloaders_every_n_epochs=1,
                         callbacks=checkpoints if phase == "first" else [])
     trainer.fit(Model(), ckpt_path=checkpoint)
@@ -87,6 +90,29 @@ if __name__ == "__main__":
 
 # ---------------------------------------------------------------- the tests
 
+def test_lightning_refuses_to_wrap_the_sampler_and_sync_needs_reloading():
+    import lightning as L
+    from lightning.pytorch.utilities.data import _update_dataloader
+    from torch.utils.data import DataLoader, DistributedSampler
+
+    from streambatch import DynamicBatchSampler
+    from streambatch.integrations.lightning import sync_with_trainer
+
+    from helpers import Echo, lognormal_lengths
+
+    sampler = DynamicBatchSampler(lognormal_lengths(300), 3000, 16, rank=0, world_size=2)
+    loader = DataLoader(Echo(), batch_sampler=sampler)
+    # what Trainer(use_distributed_sampler=True) does under DDP: it raises, naming the fix
+    with pytest.raises(TypeError, match="use_distributed_sampler=False"):
+        _update_dataloader(loader, DistributedSampler(range(300), num_replicas=2, rank=0))
+    trainer = L.Trainer(accelerator="cpu", devices=1, logger=False, enable_checkpointing=False)
+    with pytest.raises(ValueError, match="reload_dataloaders_every_n_epochs=1"):
+        sync_with_trainer(sampler, trainer)
+    trainer = L.Trainer(accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
+                        reload_dataloaders_every_n_epochs=1)
+    assert sync_with_trainer(sampler, trainer) is sampler and sampler.epoch == 0
+
+
 def _launch(out, phase, checkpoint=None):
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([HERE, os.path.dirname(HERE)]), OMP_NUM_THREADS="1")
     for key in ("LOCAL_RANK", "RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
@@ -97,7 +123,6 @@ def _launch(out, phase, checkpoint=None):
     return [json.load(open(os.path.join(out, f"{phase}{r}.json"))) for r in range(2)]
 
 
-@pytest.mark.slow
 def test_ddp_epochs_and_resumes_match_plain_ddp(tmp_path):
     from trainer_runs import check_epoch, plain_ddp
 
