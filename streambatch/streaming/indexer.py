@@ -59,7 +59,7 @@ def index_shard(url: str, spec: LengthSpec) -> dict[str, np.ndarray]:
 
             where = f"shard {url}, sample {sample.key!r} at byte {sample.offset}"
             lengths.append(length_of(spec, sample.members, sample.sizes, reread, where))
-            keys.append(sample.key.encode("utf-8"))
+            keys.append(sample.key.encode("utf-8", "surrogateescape"))  # non-UTF-8 names round-trip, as in webdataset
             offsets.append(sample.offset)
             sizes.append(sample.end - sample.offset)
             end = sample.end
