@@ -69,7 +69,9 @@ class StreamingBatches(IterableDataset):
     verify: when ``torch.distributed`` is initialised, all-reduce a
         fingerprint of shards, sidecars and config once at construction and
         raise on every rank if any rank differs (no collectives afterwards,
-        none in DataLoader workers).
+        none in DataLoader workers). ``"full"`` also re-hashes every shard and
+        compares it with the content digest taken when it was indexed (catches
+        any edit; reads every byte once), instead of the cheap size/mtime check.
     """
 
     def __init__(self, urls: Any, max_batch_tokens: Any, max_batch_size: Any = 64, *,
@@ -85,7 +87,9 @@ class StreamingBatches(IterableDataset):
         window = check_int("window_samples", window_samples, 1)
         seed = check_seed(seed)
         shuffle, drop_last = check_flag("shuffle", shuffle), check_flag("drop_last", drop_last)
-        index_missing, verify = check_flag("index_missing", index_missing), check_flag("verify", verify)
+        index_missing = check_flag("index_missing", index_missing)
+        verify_shards = "full" if isinstance(verify, str) and verify == "full" else "stat"
+        verify = True if verify_shards == "full" else check_flag("verify", verify)
         check_planner(planner)
         if on_error not in ("raise", "skip"):
             raise ValueError(f"on_error must be 'raise' or 'skip', got {on_error!r}")
@@ -103,7 +107,8 @@ class StreamingBatches(IterableDataset):
         try:
             self.catalog: Catalog = open_catalog(urls, index_dir=index_dir, index_missing=index_missing,
                                                  length_from=length_from, frames_per_second=frames_per_second,
-                                                 index_workers=index_workers, url_hint=url_hint)
+                                                 index_workers=index_workers, url_hint=url_hint,
+                                                 verify=verify_shards)
             h = hashlib.blake2b(digest_size=8)
             h.update((self.catalog.fingerprint() + repr(self.config.key())).encode())
             self.fingerprint = h.hexdigest()
@@ -265,7 +270,12 @@ class StreamingBatches(IterableDataset):
                     del tables[s]
                 for s in shards.tolist():
                     if s not in tables:
-                        tables[s] = self.catalog.table(s)
+                        try:
+                            tables[s] = self.catalog.table(s)
+                        except ShardError as exc:
+                            if self.on_error == "raise":
+                                raise
+                            tables[s] = exc  # each of the shard's samples is skipped and counted below
                 reader.keep_only(self.catalog.urls[s] for s in shards.tolist())
                 prefetched = self._prefetch(win, mine, tables)
                 for s, idx in zip(steps, batches):
@@ -289,7 +299,7 @@ class StreamingBatches(IterableDataset):
         ids = win.shard_ids[mine]
         for s in np.unique(ids).tolist():
             url = self.catalog.urls[s]
-            if is_local(url):
+            if is_local(url) or isinstance(tables[s], Exception):
                 continue
             _, offsets, sizes = tables[s]
             loc = win.local[mine[ids == s]]
@@ -310,11 +320,13 @@ class StreamingBatches(IterableDataset):
     def _sample(self, win, i: int, tables, reader: LocalReader, prefetched: dict):
         shard = int(win.shard_ids[i])
         local = int(win.local[i])
-        keys, offsets, sizes = tables[shard]
         url = self.catalog.urls[shard]
-        offset, size = int(offsets[local]), int(sizes[local])
-        key = keys[local].decode("utf-8", "surrogateescape")
         try:
+            if isinstance(tables[shard], Exception):
+                raise tables[shard]
+            keys, offsets, sizes = tables[shard]
+            offset, size = int(offsets[local]), int(sizes[local])
+            key = keys[local].decode("utf-8", "surrogateescape")
             if is_local(url):
                 buf = reader.read(url, offset, size)
             else:
@@ -327,6 +339,9 @@ class StreamingBatches(IterableDataset):
                     sample = self.decode(sample)
                 except Exception as exc:
                     raise ShardError(f"decoding sample {key!r} of shard {url} (byte {offset}) failed: {exc!r}") from exc
+                if sample is None:
+                    raise ShardError(f"decode returned None for sample {key!r} of shard {url} (byte {offset}); "
+                                     "return the sample, or raise to have it skipped with on_error='skip'")
             return sample
         except ShardError as exc:
             if self.on_error == "raise":
