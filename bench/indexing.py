@@ -16,8 +16,7 @@ import time
 from unittest import mock
 
 from streambatch.cli.corpus import make_shards
-from streambatch.streaming import StreamingBatches, index_shards
-from streambatch.streaming import sidecar
+from streambatch.streaming import StreamingBatches, index_shards, sidecar
 
 
 def corpus(out: str, shards: int, per_shard: int) -> list[str]:
@@ -50,10 +49,10 @@ def main(argv=None) -> None:
     print(f"# index / open cost of the content digest (python {sys.version.split()[0]}, {os.cpu_count()} CPUs); "
           f"{len(paths)} shards, {total / 1e6:.0f} MB")
     for length_from in ("json:duration", "audio"):
-        def index():
+        def index(length_from=length_from):
             index_shards(paths, length_from=length_from, frames_per_second=50, workers=1, progress=False, force=True)
 
-        def index_without_digest():
+        def index_without_digest(index=index):
             with mock.patch.object(sidecar, "content_digest", lambda url: ""):
                 index()
 

@@ -6,21 +6,24 @@ never a hang, a crash deep inside, or a silent loss."""
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import os
 import resource
 import struct
 import zipfile
+from pathlib import Path
 
 import numpy as np
 import pytest
 import webdataset as wds
 
-from shards import FPS, audio_bytes, write_corpus
 from streambatch.streaming import ShardError, StreamingBatches, index_shards, sidecar_path
 from streambatch.streaming.reader import LocalReader
 from streambatch.streaming.sidecar import read_arrays, read_meta
+
+from shards import FPS, audio_bytes, write_corpus
 
 BUDGET, CAP = 400, 12
 
@@ -124,7 +127,7 @@ def _limit_leaving(free: int) -> int:
 def test_reader_keeps_a_bounded_number_of_descriptors(corpus):
     paths, _ = corpus
     reader = LocalReader(max_open=2)
-    want = {p: open(p, "rb").read(1000) for p in paths}
+    want = {p: Path(p).read_bytes()[:1000] for p in paths}
     for _ in range(2):
         for p in paths:
             assert reader.read(p, 0, 1000) == want[p]
@@ -172,7 +175,7 @@ def test_out_of_descriptors_is_not_skipped_as_a_broken_sample(corpus):
 
 def _edit_mid_json(path: str) -> None:
     """Change one JSON duration in the middle of the shard, same size, mtime kept."""
-    data = bytearray(open(path, "rb").read())
+    data = bytearray(Path(path).read_bytes())
     st = os.stat(path)
     mid = data.index(b'"duration": 0.', len(data) // 2 - 5000)
     assert 64 * 1024 < mid < len(data) - 64 * 1024  # outside the head/tail probe
@@ -197,10 +200,10 @@ def test_same_size_edit_with_mtime_kept_is_caught_by_full_verification(tmp_path)
 def test_same_size_edit_with_new_mtime_is_caught_by_the_cheap_check(tmp_path):
     _, paths, _ = write_corpus(tmp_path, [60], seed=4)
     index_shards(paths, frames_per_second=FPS, workers=1, progress=False)
-    data = bytearray(open(paths[0], "rb").read())
+    data = bytearray(Path(paths[0]).read_bytes())
     at = data.index(b'"duration": 0.')  # in the head probe
     data[at + 12] = ord("9")
-    open(paths[0], "wb").write(data)
+    Path(paths[0]).write_bytes(data)
     os.utime(paths[0], ns=(1, 1))
     with pytest.raises(FileNotFoundError, match="content changed"):
         make(paths)
@@ -340,10 +343,8 @@ def test_corrupt_sidecar_tables_are_shard_errors_or_skipped(corpus, tmp_path, na
         from streambatch.streaming.sidecar import _digest
 
         edit(a, m)
-        try:
+        with contextlib.suppress(Exception):
             m["digest"] = _digest(a)
-        except Exception:
-            pass
 
     paths = _broken(corpus, tmp_path, resigned)
     try:

@@ -12,15 +12,15 @@ import subprocess
 import tarfile
 import tracemalloc
 
-import numpy as np
 import pytest
 import webdataset as wds
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from helpers import examples
 from streambatch.streaming import ShardError, index_shards
 from streambatch.streaming.tar import TarScanner, parse_sample, sample_groups
+
+from helpers import examples
 
 URL = "mem/shard-000.tar"
 RECORD = 10240  # tar writers pad archives to a multiple of this
@@ -246,7 +246,8 @@ def test_real_writers_end_their_archives_properly(tmp_path):
     with wds.TarWriter(str(tmp_path / "wds.tar")) as sink:
         for s in samples:
             sink.write(s)
-    for fmt, name in ((tarfile.GNU_FORMAT, "gnu.tar"), (tarfile.PAX_FORMAT, "pax.tar"), (tarfile.USTAR_FORMAT, "ustar.tar")):
+    formats = ((tarfile.GNU_FORMAT, "gnu.tar"), (tarfile.PAX_FORMAT, "pax.tar"), (tarfile.USTAR_FORMAT, "ustar.tar"))
+    for fmt, name in formats:
         with tarfile.open(tmp_path / name, "w", format=fmt) as tf:
             for s in samples:
                 for k in ("json", "txt"):
@@ -325,7 +326,8 @@ def pax_records(draw):
     out = b""
     for _ in range(draw(st.integers(1, 4))):
         key = draw(st.sampled_from(["path", "size", "comment", "linkpath", "", "a=b"]))
-        value = draw(st.sampled_from(["k.json", "2", "-5", "1" + "0" * 15, "abc", "", "k/\u00e9.json"]) | st.text(max_size=12))
+        value = draw(st.sampled_from(["k.json", "2", "-5", "1" + "0" * 15, "abc", "", "k/\u00e9.json"])
+                     | st.text(max_size=12))
         good = record(key, value)
         if draw(st.booleans()):
             n = draw(_numbers)

@@ -13,9 +13,9 @@ import numpy as np
 import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
+from ..core.validation import check_budget, check_flag, check_int, check_seed
 from ..planners import check_planner, make_plan
 from ..torch_glue.distributed import check_same_everywhere, is_distributed, resolve_world
-from ..core.validation import check_budget, check_flag, check_int, check_seed
 from .audio import decode_audio
 from .catalog import Catalog, open_catalog
 from .errors import ShardError

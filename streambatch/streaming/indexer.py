@@ -16,10 +16,10 @@ from typing import Any
 
 import numpy as np
 
+from ..core.validation import check_int
 from .audio import HEADER_BYTES, audio_ext
 from .errors import ShardError
 from .lengths import LengthSpec, length_of, length_spec
-from ..core.validation import check_int
 from .reader import expand_urls, is_local, local_path, open_shard
 from .sidecar import HashingStream, SidecarFile, content_hasher, shard_stat, sidecar_path, staleness, write_sidecar
 from .tar import TarScanner, sample_groups

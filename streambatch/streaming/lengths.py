@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..core.units import MAX_LENGTH, check_fps, seconds_to_frames
-from .audio import NeedMoreBytes, audio_ext, audio_info
+from .audio import AUDIO_EXTS, NeedMoreBytes, audio_ext, audio_info
 
 
 @dataclass(frozen=True)
@@ -137,7 +137,7 @@ def length_of(spec: LengthSpec, members: dict[str, bytes], sizes: dict[str, int]
         return spec.to_length(value, where)
     name = next((s for s in members if spec.wants(s)), None)
     if name is None:
-        raise ValueError(f"{where}: no audio member ({spec.suffix or '/'.join(('flac', 'wav', 'ogg', 'opus', 'mp3'))}) to measure")
+        raise ValueError(f"{where}: no audio member ({spec.suffix or '/'.join(AUDIO_EXTS)}) to measure")
     ext = audio_ext(name) or spec.suffix
     try:
         try:

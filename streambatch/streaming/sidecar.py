@@ -104,8 +104,7 @@ def content_digest(url: str) -> str:
     """The content digest of a whole shard (a local file or a stream)."""
     h = content_hasher()
     try:
-        f = open(local_path(url), "rb") if is_local(url) else open_stream(url)
-        with f:
+        with open(local_path(url), "rb") if is_local(url) else open_stream(url) as f:
             while chunk := f.read(_CHUNK):
                 h.update(chunk)
     except OSError as exc:
@@ -189,7 +188,7 @@ class SidecarFile:
 
     def __init__(self, path: str):
         self.path = path
-        self._fh = open(path, "rb")  # OSError (missing, no descriptors) passes through as is
+        self._fh = open(path, "rb")  # noqa: SIM115 (closed by close()); OSError passes through as is
         try:
             try:
                 self._zip = zipfile.ZipFile(self._fh)
@@ -206,7 +205,7 @@ class SidecarFile:
             self.close()
             raise
 
-    def __enter__(self) -> "SidecarFile":
+    def __enter__(self) -> SidecarFile:
         return self
 
     def __exit__(self, *exc) -> None:

@@ -288,7 +288,8 @@ def sample_groups(scanner: TarScanner, want: Callable[[str], int | None]) -> Ite
                 yield cur
             cur = TarSample(key, entry.offset)
         if suffix in cur.sizes:
-            raise ShardError(f"shard {scanner.url} has two {suffix!r} members for sample {key!r} at byte {entry.offset}")
+            raise ShardError(f"shard {scanner.url} has two {suffix!r} members for sample {key!r} "
+                             f"at byte {entry.offset}")
         cur.sizes[suffix] = entry.size
         cur.data_at[suffix] = entry.data_offset
         n = want(suffix)
@@ -313,7 +314,8 @@ def parse_sample(buf: bytes, url: str, offset: int, key: str) -> dict:
     except ShardError as exc:
         raise ShardError(f"{exc} (reading sample {key!r}; {hint})") from None
     if found is None:
-        raise ShardError(f"sidecar/tar mismatch in shard {url} at byte {offset}: no member of sample {key!r} there; {hint}")
+        raise ShardError(f"sidecar/tar mismatch in shard {url} at byte {offset}: no member of sample {key!r} "
+                         f"there; {hint}")
     bad = found if found.key != key else extra
     if bad is not None:
         raise ShardError(
