@@ -197,6 +197,22 @@ def test_same_size_edit_with_mtime_kept_is_caught_by_full_verification(tmp_path)
     assert len(make(paths, verify="full")) > 0
 
 
+def test_full_verification_of_streams(tmp_path):
+    _, paths, _ = write_corpus(tmp_path, [5, 7], seed=1)
+    pipes, idx = [f"pipe:cat {p}" for p in paths], str(tmp_path / "idx")
+    index_shards(pipes, frames_per_second=FPS, index_dir=idx, workers=1, progress=False)
+    index_shards(paths, frames_per_second=FPS, workers=1, progress=False)
+    # the digest taken while scanning a stream is the file's
+    assert read_meta(sidecar_path(pipes[1], idx))["content"] == read_meta(sidecar_path(paths[1]))["content"]
+    assert sum(len(b) for b in make(pipes, index_dir=idx, verify="full")) == 12
+    data = bytearray(Path(paths[1]).read_bytes())
+    data[3000] ^= 1
+    Path(paths[1]).write_bytes(data)
+    make(pipes, index_dir=idx)  # a stream is not checked by default
+    with pytest.raises(FileNotFoundError, match=r"pipe:cat .*train-000001\.tar: stale sidecar: the shard's content"):
+        make(pipes, index_dir=idx, verify="full")
+
+
 def test_same_size_edit_with_new_mtime_is_caught_by_the_cheap_check(tmp_path):
     _, paths, _ = write_corpus(tmp_path, [60], seed=4)
     index_shards(paths, frames_per_second=FPS, workers=1, progress=False)
