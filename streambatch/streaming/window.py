@@ -33,7 +33,7 @@ from typing import Any
 
 import numpy as np
 
-from ..plan import Plan
+from ..core.plan import Plan
 from ..planners import make_plan
 from .affinity import foreign_samples, plan_affine_window
 
