@@ -91,7 +91,7 @@ def run(lengths: np.ndarray, counts: np.ndarray, w: int, mode: str, window: int,
     balance, use = [], []
     seen = np.zeros(lengths.shape[0], dtype=np.int64)
     rank_bytes = np.zeros(w)
-    requests = steps = carry = carry_bytes = 0
+    requests = steps = carry = carry_bytes = foreign = 0
     for win in iter_windows(counts, lambda s: lengths[edges[s] : edges[s + 1]], config, epoch):
         gid = edges[win.shard_ids] + win.local
         plan = win.plan
@@ -108,8 +108,12 @@ def run(lengths: np.ndarray, counts: np.ndarray, w: int, mode: str, window: int,
         steps += plan.num_steps
         if mode == "shard":
             rank = np.repeat(np.arange(sizes.shape[0]) % w, sizes)
-            if not win.last and not (win.holder[plan.samples] == rank).all():
-                raise AssertionError("a rank trains on a sample it did not stream")
+            away = win.holder[plan.samples] != rank
+            fetched = {(r, s, lo) for r, s, lo, hi in win.reads.tolist() if hi == lo + 1}
+            for r, i in zip(rank[away].tolist(), plan.samples[away].tolist()):
+                if (r, int(win.shard_ids[i]), int(win.local[i])) not in fetched:
+                    raise AssertionError("a rank trains on a sample it neither streams nor fetches")
+            foreign += int(away.sum())
             carried = win.holder[: win.n_carried]
             if carried.size:
                 carry = max(carry, int(np.bincount(carried, minlength=w).max()))
@@ -124,7 +128,7 @@ def run(lengths: np.ndarray, counts: np.ndarray, w: int, mode: str, window: int,
     out = {"padding": real / padded, "balance": float(np.mean(balance)), "budget": float(np.mean(use)),
            "steps": steps}
     if mode == "shard":
-        out.update(share=float(rank_bytes.max() / (sample_bytes.sum() / w)), requests=requests / counts.shape[0],
+        out.update(share=float(rank_bytes.max() / (sample_bytes.sum() / w)), requests=requests / counts.shape[0], foreign=foreign / lengths.shape[0],
                    carry=carry, carry_mb=carry_bytes / 2**20)
     return out
 

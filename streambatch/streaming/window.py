@@ -51,6 +51,13 @@ def check_read_mode(mode: Any) -> str:
     return mode
 
 
+def default_window(read_mode: str, world_size: int) -> int:
+    """window_samples when the user gives none: 20,000, and in shard mode at
+    least 2,500 per rank (each rank's own samples must be many enough to cut
+    balanced batches from: see bench/affinity.py)."""
+    return 20_000 if read_mode == "sample" else max(20_000, 2_500 * world_size)
+
+
 @dataclass(frozen=True)
 class WindowConfig:
     """Everything besides lengths and epoch that the plan depends on."""
@@ -83,15 +90,16 @@ class Window:
     first_step: epoch step index of the window's first step.
     holder: shard mode only: (n,) int64 rank that streams (or carried in)
         each sample; every rank's batches hold only its own samples, except
-        in the epoch's final window (see ``reads``).
+        a few (see ``reads``).
     reads: shard mode only: (k, 4) int64 rows (rank, shard, lo, hi), sorted by
         rank: rank ``rank`` streams samples ``lo:hi`` (sidecar order) of
         ``shard``, row after row. Each new sample of the window is in exactly
         one row of the rank holding it. The carried-in samples (the first
         ``n_carried``) were read in an earlier window by their holder, which
-        keeps them. In the final window a rank may also train a few samples
-        it does not hold (the tail planned across ranks, padding): each such
-        sample follows its rank's pieces as a one-sample row (one ranged read).
+        keeps them. A rank may also train a few samples it does not hold
+        (pooled outliers; in the final window the tail planned across ranks
+        and padding): each such sample follows its rank's pieces as a
+        one-sample row (one ranged read).
     """
 
     index: int
@@ -230,14 +238,13 @@ def _iter_affine(counts: np.ndarray, load_lengths: Callable[[int], np.ndarray], 
         local = np.concatenate([carry_local] + [np.arange(x.shape[0], dtype=np.int64) for x in lens])
         lengths = np.concatenate([carry_len, new_len])
         reads = _piece_reads(shards, sizes, aw.cuts)
-        if last:
-            extra = foreign_samples(aw.plan, aw.holder)
-            if extra.shape[0]:
-                i = extra[:, 1]
-                more = np.stack([extra[:, 0], ids[i], local[i], local[i] + 1], axis=1)
-                reads = np.concatenate([reads, more])
-                reads = reads[np.argsort(reads[:, 0], kind="stable")]
-        else:
+        extra = foreign_samples(aw.plan, aw.holder)
+        if extra.shape[0]:
+            i = extra[:, 1]
+            more = np.stack([extra[:, 0], ids[i], local[i], local[i] + 1], axis=1)
+            reads = np.concatenate([reads, more])
+            reads = reads[np.argsort(reads[:, 0], kind="stable")]
+        if not last:
             left = aw.leftover
             carry_ids, carry_local, carry_len, carry_holder = ids[left], local[left], lengths[left], aw.holder[left]
         yield Window(j, step, aw.plan, ids, local, last, aw.holder, reads, c)
