@@ -124,10 +124,10 @@ def water_levels(carry: np.ndarray, total_new: float) -> np.ndarray:
     w = carry.shape[0]
     order = np.argsort(carry, kind="stable")
     ks = carry[order]
-    level = (total_new + ks.sum()) / w
-    for j in range(w, 0, -1):  # largest set of lowest ranks that sit below the level
+    level = total_new + ks[0]
+    for j in range(w, 0, -1):  # the most ranks (the lowest j) that all sit at or below their common level
         level = (total_new + ks[:j].sum()) / j
-        if j == w or level <= ks[j]:
+        if level >= ks[j - 1]:
             break
     return np.maximum(level - carry, 0.0)
 
