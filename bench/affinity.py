@@ -1,7 +1,7 @@
 """Shard-affine planning (``read_mode="shard"``) against global window
 planning (``read_mode="sample"``): plan quality, bytes and requests per rank.
 
-    .venv/bin/python bench/affinity.py                 # ~4 min on 2 cores
+    .venv/bin/python bench/affinity.py                 # about a minute on 2 cores
     .venv/bin/python bench/affinity.py --quick         # one epoch, W = 8 and 64 only
 
 Reads the shared real corpus lengths in ../shared/data/real-lengths/*.npy
@@ -16,8 +16,8 @@ corpus: the synthetic ones drawn at that size, the real ones (12k-59k
 utterances each) resampled with replacement to it, so that W = 64 has
 several windows. Shards hold 500-2,000 samples (uniform), each a random
 sample of the corpus. The window is ``window_samples = PER_RANK * W``
-(default 2,500 per rank: 20,000 at W = 8, 160,000 at W = 64); shard mode
-also puts at least W shards in a window.
+(default 2,500 per rank: 20,000 at W = 8, 160,000 at W = 64: shard mode's
+default window); shard mode also puts at least W shards in a window.
 
 Metrics (mean over epochs 0 and 1, as bench/quality.py defines them):
 padding = real / padded tokens; balance = per step, sum of the W batch
@@ -28,10 +28,10 @@ each rank's batches holding only samples it streamed (final window aside).
 
 I/O (shard mode, simulated): a sample's bytes = 640 per frame (16 kHz
 16-bit PCM at 50 frames/s) + 1,024 of tar headers; bytes per rank = the
-sample ranges it streams (its pieces plus the final tail's one-sample
-reads); share = max over ranks / (total / W) (1.00 = even; the issue's
-bound is 1.25). Requests = ranged GETs (one per piece or tail sample)
-per shard. Carry = most samples any rank holds over from one window to
+sample ranges it streams (its pieces plus one-sample reads of pooled
+outliers and of the final tail that another rank holds); share = max over
+ranks / (total / W) (1.00 = even; the issue's bound is 1.25). Requests =
+ranged GETs (one per piece or one-sample read) per shard. Carry = most samples any rank holds over from one window to
 the next (kept in memory), and its bytes.
 """
 
