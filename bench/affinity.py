@@ -47,9 +47,9 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from distributions import DISTRIBUTIONS, FRAME_RATE, make_lengths  # noqa: E402
-
 from streambatch.streaming.window import WindowConfig, iter_windows  # noqa: E402
+
+from distributions import DISTRIBUTIONS, FRAME_RATE, make_lengths  # noqa: E402
 
 BUDGET, CAP = 16_000, 64
 N = 400_000
@@ -91,7 +91,7 @@ def run(lengths: np.ndarray, counts: np.ndarray, w: int, mode: str, window: int,
     balance, use = [], []
     seen = np.zeros(lengths.shape[0], dtype=np.int64)
     rank_bytes = np.zeros(w)
-    requests = steps = carry = carry_bytes = foreign = 0
+    requests = steps = carry = carry_bytes = 0
     for win in iter_windows(counts, lambda s: lengths[edges[s] : edges[s + 1]], config, epoch):
         gid = edges[win.shard_ids] + win.local
         plan = win.plan
@@ -113,7 +113,6 @@ def run(lengths: np.ndarray, counts: np.ndarray, w: int, mode: str, window: int,
             for r, i in zip(rank[away].tolist(), plan.samples[away].tolist()):
                 if (r, int(win.shard_ids[i]), int(win.local[i])) not in fetched:
                     raise AssertionError("a rank trains on a sample it neither streams nor fetches")
-            foreign += int(away.sum())
             carried = win.holder[: win.n_carried]
             if carried.size:
                 carry = max(carry, int(np.bincount(carried, minlength=w).max()))
@@ -128,15 +127,15 @@ def run(lengths: np.ndarray, counts: np.ndarray, w: int, mode: str, window: int,
     out = {"padding": real / padded, "balance": float(np.mean(balance)), "budget": float(np.mean(use)),
            "steps": steps}
     if mode == "shard":
-        out.update(share=float(rank_bytes.max() / (sample_bytes.sum() / w)), requests=requests / counts.shape[0], foreign=foreign / lengths.shape[0],
+        out.update(share=float(rank_bytes.max() / (sample_bytes.sum() / w)), requests=requests / counts.shape[0],
                    carry=carry, carry_mb=carry_bytes / 2**20)
     return out
 
 
 def mean_over(lengths, counts, w, mode, window, epochs) -> dict:
     runs = [run(lengths, counts, w, mode, window, e) for e in range(epochs)]
-    return {k: float(np.mean([r[k] for r in runs])) if k not in ("carry", "carry_mb") else max(r[k] for r in runs)
-            for k in runs[0]}
+    worst = ("carry", "carry_mb")  # maxima over epochs; the rest are means
+    return {k: max(r[k] for r in runs) if k in worst else float(np.mean([r[k] for r in runs])) for k in runs[0]}
 
 
 def quality(data: dict[str, np.ndarray], counts: np.ndarray, worlds, per_rank: int, epochs: int) -> None:
