@@ -89,21 +89,22 @@ class AffineWindow:
 
 def sample_weights(lengths: np.ndarray, cost: Any, max_tokens: int, max_size: int, max_cost: int,
                    world_size: int) -> np.ndarray:
-    """(n,) float64 weight of each sample: its scaled cost alone, plus one
+    """(n,) int64 weight of each sample: its scaled cost alone, plus one
     (so zero-length samples still count), but at most the cost of a full
     batch at the window's W-th longest length (about the longest length
     every rank reaches). A longer outlier fills a step by itself whatever it
     costs; weighed in full, it would leave its rank short of other samples,
-    so that rank would run out steps before the others."""
-    weights = cost.scaled(1, lengths).astype(np.float64)
+    so that rank would run out steps before the others. Integers, so that
+    every machine cuts a window at the same samples."""
+    weights = cost.scaled(1, lengths)
     n = lengths.shape[0]
     if n > world_size:
         top = int(np.partition(lengths, n - world_size)[n - world_size])
         count = max(1, min(max_size, max_tokens // max(top, 1)))
         while count > 1 and int(cost.scaled(count, top)) > max_cost:
             count -= 1
-        np.minimum(weights, float(cost.scaled(count, top)), out=weights)
-    return weights + 1.0
+        np.minimum(weights, int(cost.scaled(count, top)), out=weights)
+    return weights + 1
 
 
 def pooled_mask(lengths: np.ndarray, max_tokens: int, world_size: int) -> np.ndarray:
@@ -118,24 +119,25 @@ def pooled_mask(lengths: np.ndarray, max_tokens: int, world_size: int) -> np.nda
     return mask
 
 
-def water_levels(carry: np.ndarray, total_new: float) -> np.ndarray:
-    """(W,) float64 share of ``total_new`` weight each rank gets so that
-    carry + share is as even as possible (ranks above the level get none)."""
+def water_levels(carry: np.ndarray, total_new: int) -> np.ndarray:
+    """(W,) int64 share of ``total_new`` weight each rank gets so that
+    carry + share is as even as possible (ranks above the level get none).
+    carry: (W,) int64."""
     w = carry.shape[0]
-    order = np.argsort(carry, kind="stable")
-    ks = carry[order]
-    level = total_new + ks[0]
+    ks = np.sort(carry)
+    level = 0
     for j in range(w, 0, -1):  # the most ranks (the lowest j) that all sit at or below their common level
-        level = (total_new + ks[:j].sum()) / j
+        level = (total_new + int(ks[:j].sum())) // j
         if level >= ks[j - 1]:
             break
-    return np.maximum(level - carry, 0.0)
+    return np.maximum(level - carry, 0)
 
 
 def cut_points(weights: np.ndarray, shares: np.ndarray) -> np.ndarray:
-    """(W + 1,) int64 monotone cuts of ``weights`` (m,) into W contiguous
-    pieces whose sums are as close as can be to ``shares`` (W,)."""
-    run = np.concatenate([[0.0], np.cumsum(weights)])
+    """(W + 1,) int64 monotone cuts of ``weights`` (m,) int64 into W contiguous
+    pieces whose sums are as close as can be to ``shares`` (W,) int64; the
+    last piece ends at m whatever its share."""
+    run = np.concatenate([[0], np.cumsum(weights)])
     bounds = np.cumsum(shares)[:-1]
     hi = np.searchsorted(run, bounds).clip(1, run.shape[0] - 1)
     nearer_lo = (bounds - run[hi - 1]) <= (run[hi] - bounds)
@@ -172,9 +174,10 @@ def plan_affine_window(carry_len: np.ndarray, carry_holder: np.ndarray, new_len:
             raise ValueError(f"max_step_cost={max_step_cost} is below the cost of any batch ({cost}); raise it")
     pooled = pooled_mask(lengths, max_batch_tokens, w)
     weights = sample_weights(lengths, cost, tokens, cap, max_cost, w)
-    weights[pooled] = 1.0
-    carry_w = np.bincount(carry_holder, weights=weights[:c], minlength=w).astype(np.float64)
-    cuts = cut_points(weights[c:], water_levels(carry_w, float(weights[c:].sum())))
+    weights[pooled] = 1
+    carry_w = np.zeros(w, dtype=np.int64)
+    np.add.at(carry_w, carry_holder, weights[:c])
+    cuts = cut_points(weights[c:], water_levels(carry_w, int(weights[c:].sum())))
     holder = np.concatenate([carry_holder.astype(np.int64), np.repeat(np.arange(w, dtype=np.int64), np.diff(cuts))])
 
     rng = np.random.Generator(np.random.PCG64(np.random.SeedSequence([seed % _U64, 0xAFF])))

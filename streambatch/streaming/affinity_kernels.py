@@ -77,14 +77,14 @@ def affine_steps(slen, starts, max_tokens, max_size, code, q, max_cost):
                 done = True
         if done:
             break
-        target = np.inf
+        target = np.iinfo(np.int64).max
         for r in range(w):
             p = pos[r]
             e = p + 1  # the full batch: lengths ascend, so it stops at the first sample that does not fit
             while e < starts[r + 1] and _fits(e + 1 - p, slen[e], max_tokens, max_size, max_cost, code, q):
                 e += 1
             full[r] = e
-            target = min(target, float(_cost(e - p, slen[e - 1], code, q)))
+            target = min(target, _cost(e - p, slen[e - 1], code, q))
         for r in range(w):
             p = pos[r]
             aim = target
@@ -98,9 +98,9 @@ def affine_steps(slen, starts, max_tokens, max_size, code, q, max_cost):
                 else:
                     hi = mid - 1
             e = lo
-            c = float(_cost(e - p, slen[e - 1], code, q))
+            c = _cost(e - p, slen[e - 1], code, q)
             if e < full[r]:
-                up = float(_cost(e + 1 - p, slen[e], code, q))
+                up = _cost(e + 1 - p, slen[e], code, q)
                 if up - aim < aim - c:
                     e += 1
                     c = up
