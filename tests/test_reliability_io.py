@@ -238,6 +238,12 @@ def test_huge_json_durations(tmp_path, value, fps):
     assert not isinstance(info.value, OverflowError)
 
 
+def test_frame_rate_out_of_range(tmp_path):
+    path = json_shard(tmp_path / "fps.tar", [0.5])
+    with pytest.raises(ValueError, match=r"frames_per_second must be a finite number in \(0, 1e12\).*1e\+19"):
+        index_shards([path], frames_per_second=1e19, workers=1, progress=False)
+
+
 @pytest.mark.parametrize("fn", [lambda s: 10**30, lambda s: 10**400, lambda s: 1e300, lambda s: json.loads(s["nope"])])
 def test_length_functions_that_overflow_or_raise(tmp_path, fn):
     path = json_shard(tmp_path / "fn.tar", [0.5, 0.7])
