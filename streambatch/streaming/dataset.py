@@ -99,7 +99,9 @@ class StreamingBatches(IterableDataset):
         seed = check_seed(seed)
         shuffle, drop_last = check_flag("shuffle", shuffle), check_flag("drop_last", drop_last)
         index_missing = check_flag("index_missing", index_missing)
-        verify_shards = "full" if isinstance(verify, str) and verify == "full" else "stat"
+        if isinstance(verify, str) and verify != "full":
+            raise TypeError(f"verify must be True, False or 'full', got {verify!r}")
+        verify_shards = "full" if verify == "full" else "stat"
         verify = True if verify_shards == "full" else check_flag("verify", verify)
         check_planner(planner)
         if on_error not in ("raise", "skip"):
