@@ -4,10 +4,13 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
+import numpy as np
+
 from .bucketed.plan import plan_bucketed
 from .greedy.plan import plan_greedy
+from ..core.config import PlanConfig, check_epoch
 from ..core.plan import Plan
-from ..core.validation import check_budget, check_cost_range, check_flag, check_int, check_seed, coerce_lengths
+from ..core.validation import check_cost_range, coerce_lengths
 
 # name -> function(lengths, max_batch_tokens, max_batch_size, world_size,
 #                  shuffle, drop_last, seed, epoch, **options) -> Plan
@@ -30,16 +33,25 @@ def make_plan(lengths: Any, max_batch_tokens: Any, max_batch_size: Any = 64, wor
     """Validate everything, then plan one epoch.
 
     lengths: (N,) integer lengths (list, numpy array or torch tensor).
-    Returns a Plan of global steps with one non-empty batch per rank.
+    ``make_plan(lengths, config, epoch=e)`` with a ``PlanConfig`` (already
+    validated) is the same call. Returns a Plan of global steps with one
+    non-empty batch per rank.
     """
-    arr = coerce_lengths(lengths)
-    tokens = check_budget(max_batch_tokens)
-    size = check_int("max_batch_size", max_batch_size, 1)
-    world = check_int("world_size", world_size, 1)
-    seed = check_seed(seed)
-    epoch = check_int("epoch", epoch, 0)
-    fn = PLANNERS[check_planner(planner)]
-    check_cost_range(arr, world, tokens, size)
-    shuffle = check_flag("shuffle", shuffle)
-    drop_last = check_flag("drop_last", drop_last)
-    return fn(arr, tokens, size, world, shuffle, drop_last, seed, epoch, **options)
+    if isinstance(max_batch_tokens, PlanConfig):
+        if options:
+            raise TypeError(f"make_plan(lengths, config) takes the planner options from the config, got "
+                            f"{sorted(options)} too; use config.replace(planner_options=...)")
+        config = max_batch_tokens
+    else:
+        config = PlanConfig.build(max_batch_tokens, max_batch_size, world_size, shuffle, drop_last, seed,
+                                  planner, options)
+    return plan_epoch(coerce_lengths(lengths), config, check_epoch(epoch))
+
+
+def plan_epoch(lengths: np.ndarray, config: PlanConfig, epoch: int) -> Plan:
+    """Plan one epoch from checked input: lengths (N,) int64 >= 0 (as
+    ``coerce_lengths`` returns them), a built ``PlanConfig``, an int epoch."""
+    c = config
+    check_cost_range(lengths, c.world_size, c.max_batch_tokens, c.max_batch_size)
+    return PLANNERS[c.planner](lengths, c.max_batch_tokens, c.max_batch_size, c.world_size, c.shuffle,
+                               c.drop_last, c.seed, epoch, **c.options)
