@@ -9,6 +9,7 @@ communication, so nothing else differs).
 from __future__ import annotations
 
 import argparse
+import errno
 import math
 import os
 import shutil
@@ -29,6 +30,8 @@ def run_demo(args: argparse.Namespace) -> int:
     from ..streaming import StreamingBatches, collate_audio, index_shards
     from .corpus import make_shards
 
+    if args.dir:
+        check_demo_dir(args.dir, args.force)
     w, t_budget = args.world_size, args.max_batch_tokens
     print(f"streambatch demo: {args.shards} shards x {args.samples_per_shard} utterances, {w} simulated ranks x "
           f"{args.workers} DataLoader workers, planner {args.planner}, budget {t_budget:,} frames "
@@ -42,7 +45,7 @@ def run_demo(args: argparse.Namespace) -> int:
               f"{args.speech} speech) to {out_dir} in {time.perf_counter() - t:.1f} s")
 
         s = index_shards(paths, length_from="json:duration", frames_per_second=FPS,
-                         workers=min(2, os.cpu_count() or 1), progress=False)
+                         workers=min(2, os.cpu_count() or 1), progress=False, force=True)
         p = s.percentiles
         print(f"[2/3] indexed them in {s.seconds:.1f} s: {s.samples:,} utterances, "
               f"{audio_time(s.total_length / FPS)}; length (frames) min {p['min']}, median {p['p50']}, "
@@ -105,6 +108,15 @@ def run_demo(args: argparse.Namespace) -> int:
     return 0 if len(steps) == 1 else 1
 
 
+def check_demo_dir(path: str, force: bool) -> None:
+    """Refuse to write the demo corpus over files the user may want, unless --force."""
+    if os.path.exists(path) and not os.path.isdir(path):
+        raise NotADirectoryError(errno.ENOTDIR, "--dir must name a directory", path)
+    if os.path.isdir(path) and os.listdir(path) and not force:
+        raise FileExistsError(errno.EEXIST, "--dir is not empty; the demo writes demo-000000.tar ... and their "
+                              "sidecars there: pass a new or empty directory, or --force to overwrite them", path)
+
+
 def planned_batches(catalog, config, epoch: int = 0):
     """Batches (see ``report.Batches``) of the epoch StreamingBatches streams
     with ``config``, planned window by window from the sidecar lengths alone."""
@@ -123,12 +135,10 @@ def planned_batches(catalog, config, epoch: int = 0):
 
 def planner_rows(ds, args: argparse.Namespace) -> list:
     """(name, Quality) of the epoch each planner would stream, planned from the sidecars (no audio read)."""
-    from dataclasses import replace
-
     from ..planners import PLANNERS
     from .report import quality
 
-    return [(name, quality(planned_batches(ds.catalog, replace(ds.config, planner=name)), args.max_batch_tokens))
+    return [(name, quality(planned_batches(ds.catalog, ds.config.replace(planner=name)), args.max_batch_tokens))
             for name in sorted(PLANNERS)]
 
 

@@ -108,6 +108,8 @@ def build_parser() -> argparse.ArgumentParser:
         "ranks in this process, each through a DataLoader with --workers workers. Prints steps per\n"
         "rank, padding and balance efficiency and samples/s. Takes well under a minute."))
     d.add_argument("--dir", metavar="DIR", help="write the corpus here and keep it (default: a temporary directory, removed after)")
+    d.add_argument("--force", action="store_true", help="with --dir: write into DIR even if it is not empty "
+                   "(its demo-*.tar shards and sidecars are overwritten)")
     d.add_argument("--shards", type=_whole(1), default=8, metavar="N", help="shards to write")
     d.add_argument("--samples-per-shard", type=_whole(1), default=50, metavar="N", help="utterances per shard")
     d.add_argument("--max-batch-tokens", type=_whole(1), default=2000, metavar="T",

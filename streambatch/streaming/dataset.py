@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import logging
 from collections.abc import Callable
 from typing import Any
@@ -13,7 +12,7 @@ from torch.utils.data import IterableDataset, get_worker_info
 
 from ..core.config import check_epoch
 from ..core.state import (CONFIG, EPOCH, FINGERPRINT, NUM_WORKERS, SEED, SKIPPED, STATE_VERSION, STEP, VERSION,
-                          WORKER, WORLD_SIZE, differences, read_state, state_int)
+                          WORKER, WORLD_SIZE)
 from ..core.validation import check_flag, check_int
 from ..planners import plan_epoch
 from ..torch_glue.distributed import active, agree, guess_world, is_distributed, resolve_world, will_check
@@ -21,7 +20,7 @@ from .audio import decode_audio
 from .catalog import Catalog, open_catalog
 from .errors import ShardError
 from .reader import LocalReader, expand_urls, is_local, read_stream_regions
-from .shared import SharedState
+from .position import SharedState, read_position
 from .tar import parse_sample
 from .window import EpochSummary, WindowConfig, iter_windows, summarize
 
@@ -54,7 +53,9 @@ class StreamingBatches(IterableDataset):
         and balance better; memory is one window's sidecar arrays (~50 bytes
         per sample) per process. The default balances steps at >= 0.95 for
         audio-like lengths.
-    rank, world_size: default to ``torch.distributed`` when initialised, else 0/1.
+    rank, world_size: default to ``torch.distributed`` when initialised, else
+        0/1 (an error when a launcher started several processes, or with
+        ``rank=None`` and ``world_size > 1``).
     length_from, frames_per_second: how lengths are computed when indexing on
         the fly; if given, sidecars made another way count as stale.
     decode: None (raw bytes), ``"audio"`` (audio -> (float32 tensor (C, T),
@@ -63,10 +64,12 @@ class StreamingBatches(IterableDataset):
         read or decoded is logged, counted in ``num_skipped`` and left out of
         its batch; the batch is still yielded (possibly empty), so every rank
         takes the same steps.
-    verify: when ``torch.distributed`` is initialised, all-reduce a
-        fingerprint of shards, sidecars and config once at construction and
-        raise on every rank if any rank differs (no collectives afterwards,
-        none in DataLoader workers).
+    verify: when ``torch.distributed`` is initialised and world_size > 1,
+        all-reduce a fingerprint of shards, sidecars and config at
+        construction and raise on every rank if any rank differs or failed
+        to build its dataset; a main-process ``load_state_dict`` checks the
+        same way that all ranks resume at the same position. No other
+        collectives, none in DataLoader workers.
     """
 
     def __init__(self, urls: Any, max_batch_tokens: Any, max_batch_size: Any = 64, *,
@@ -198,61 +201,24 @@ class StreamingBatches(IterableDataset):
         anything changes. In the main process with ``verify`` under
         torch.distributed this is a collective (all ranks must resume alike)."""
         info = get_worker_info()
-        failure, epoch, step = None, 0, 0
+        failure, pos = None, None
         try:
-            s = read_state(state, "StreamingBatches", (EPOCH, STEP, WORKER, WORLD_SIZE, FINGERPRINT))
-            world = state_int(s, WORLD_SIZE, 1)
-            if world != self.world_size:
-                raise ValueError(f"state was saved with world_size={world}, this run has world_size="
-                                 f"{self.world_size}; resume with the same number of ranks (the plan depends on it)")
-            if s[FINGERPRINT] != self.fingerprint and s[FINGERPRINT] != self._legacy_fingerprint():
-                what = differences(s.get(CONFIG), self.config.describe()) or "the shard list or sidecars differ"
-                raise ValueError(
-                    f"state was saved for other shards, sidecars or settings ({what}); resume with the same shard "
-                    "list, sidecars, max_batch_tokens, max_batch_size, window_samples, shuffle, drop_last, seed "
-                    "and planner")
-            epoch = check_epoch(state_int(s, EPOCH), "state['epoch']")
-            step = state_int(s, STEP)
-            worker = s[WORKER]
-            if worker is not None:
-                worker, num_workers = state_int(s, WORKER), state_int(s, NUM_WORKERS, 1)
-                if info is None or (info.id, info.num_workers) != (worker, num_workers):
-                    here = "the main process" if info is None else f"worker {info.id} of {info.num_workers}"
-                    raise ValueError(
-                        f"state was saved by DataLoader worker {worker} of {num_workers} and is being loaded "
-                        f"in {here}; restore it through a StatefulDataLoader with num_workers={num_workers}, "
-                        "or save the main process's state instead")
-                limit = num_workers  # a worker's next step may lie up to a stride past the end
-            else:
-                limit = 0
-            if info is None and step > self.epoch_summary(epoch).steps:
-                raise ValueError(f"state['step'] = {step} is beyond the {self.epoch_summary(epoch).steps} steps of "
-                                 f"epoch {epoch}; the state does not belong to this dataset")
-            skipped = state_int(s, SKIPPED) if SKIPPED in s else 0
+            pos = read_position(state, self, info)
         except Exception as exc:
             failure = exc
         if info is None and self.verify and active(self.world_size):
-            agree({"fingerprint": self.fingerprint, "epoch": epoch, "step": step},
-                  f"the resumed position (epoch {epoch}, step {step})", failure)
+            agree({"fingerprint": self.fingerprint, "epoch": pos.epoch if pos else 0, "step": pos.step if pos else 0},
+                  "the resumed position" + (f" (epoch {pos.epoch}, step {pos.step})" if pos else ""), failure)
         elif failure is not None:
             raise failure
-        if worker is not None:
-            self._local_resume = {"epoch": epoch, "step": step, "limit": limit}
+        if pos.worker is not None:
+            self._local_resume = {"epoch": pos.epoch, "step": pos.step, "limit": pos.num_workers}
         elif info is not None:  # a main-process state loaded inside a worker
-            self._local_resume = {"epoch": epoch, "step": step + info.id, "limit": info.num_workers}
+            self._local_resume = {"epoch": pos.epoch, "step": pos.step + info.id, "limit": info.num_workers}
         else:
-            self._shared.set_resume(epoch, step)
-        self._shared.restore_skipped(SharedState.slot(None if info is None else info.id), skipped)
+            self._shared.set_resume(pos.epoch, pos.step)
+        self._shared.restore_skipped(SharedState.slot(None if info is None else info.id), pos.skipped)
         self._pos = None
-
-    def _legacy_fingerprint(self) -> str:
-        """The version-1 streaming fingerprint (a hex string), so old states still load."""
-        c = self.config
-        key = (c.max_batch_tokens, c.max_batch_size, c.world_size, c.window_samples, c.shuffle, c.drop_last, c.seed,
-               c.planner, repr(c.planner_options))
-        h = hashlib.blake2b(digest_size=8)
-        h.update((self.catalog.fingerprint() + repr(key)).encode())
-        return h.hexdigest()
 
     # ------------------------------------------------------------ iteration
 
@@ -325,14 +291,16 @@ class StreamingBatches(IterableDataset):
             _, offsets, sizes = tables[s]
             loc = win.local[mine[ids == s]]
             regions = [(int(offsets[i]), int(sizes[i])) for i in loc.tolist()]
+            got: dict[int, bytes] = {}
             try:
-                got, consumed = read_stream_regions(url, regions)
+                _, consumed = read_stream_regions(url, regions, got)
             except ShardError as exc:
                 if self.on_error == "raise":
                     raise
-                got, consumed = {}, 0
-                for off, _ in regions:
-                    out[(s, off)] = exc
+                consumed = sum(len(b) for b in got.values())
+                for off, _ in regions:  # only the samples the stream did not deliver fail
+                    if off not in got:
+                        out[(s, off)] = exc
             self._stream_bytes += consumed
             for off, buf in got.items():
                 out[(s, off)] = buf

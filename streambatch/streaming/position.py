@@ -1,4 +1,5 @@
-"""The part of a ``StreamingBatches`` that its DataLoader workers share.
+"""Where a ``StreamingBatches`` pass starts: the counters it shares with its
+DataLoader workers, and the reading of saved states.
 
 ``set_epoch``, ``set_start_batch`` and a main-process ``load_state_dict``
 happen in the main process while persistent DataLoader workers hold copies
@@ -15,9 +16,15 @@ one skip counter per process (main process, worker 0, worker 1, ...).
 
 from __future__ import annotations
 
+import hashlib
 import multiprocessing.context
+from dataclasses import dataclass
 from multiprocessing.sharedctypes import RawArray
 from typing import Any
+
+from ..core.config import check_epoch
+from ..core.state import (CONFIG, EPOCH, FINGERPRINT, NUM_WORKERS, SKIPPED, STEP, WORKER, WORLD_SIZE, differences,
+                          read_state, state_int)
 
 MAX_WORKERS = 256  # DataLoader workers per rank that can share one dataset
 
@@ -122,3 +129,59 @@ class SharedState:
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self._a = state["array"] if "array" in state else RawArray("q", state["values"])
+
+
+# ---------------------------------------------------------------- saved states
+
+
+@dataclass(frozen=True)
+class Position:
+    """A checked saved position: ``worker`` None for a main-process state."""
+
+    epoch: int
+    step: int
+    worker: int | None
+    num_workers: int
+    skipped: int
+
+
+def read_position(state: Any, ds: Any, info: Any) -> Position:
+    """Check a ``StreamingBatches`` state against dataset ``ds`` (loaded in
+    DataLoader worker ``info``, or the main process when None) before
+    anything changes; ValueError names what does not match."""
+    s = read_state(state, "StreamingBatches", (EPOCH, STEP, WORKER, WORLD_SIZE, FINGERPRINT))
+    world = state_int(s, WORLD_SIZE, 1)
+    if world != ds.world_size:
+        raise ValueError(f"state was saved with world_size={world}, this run has world_size={ds.world_size}; "
+                         "resume with the same number of ranks (the plan depends on it)")
+    if s[FINGERPRINT] != ds.fingerprint and s[FINGERPRINT] != legacy_fingerprint(ds.config, ds.catalog):
+        what = differences(s.get(CONFIG), ds.config.describe()) or "the shard list or sidecars differ"
+        raise ValueError(f"state was saved for other shards, sidecars or settings ({what}); resume with the same "
+                         "shard list, sidecars, max_batch_tokens, max_batch_size, window_samples, shuffle, drop_last, "
+                         "seed and planner")
+    epoch = check_epoch(state_int(s, EPOCH), "state['epoch']")
+    step = state_int(s, STEP)
+    worker, num_workers = s[WORKER], 0
+    if worker is not None:
+        worker, num_workers = state_int(s, WORKER), state_int(s, NUM_WORKERS, 1)
+        if info is None or (info.id, info.num_workers) != (worker, num_workers):
+            here = "the main process" if info is None else f"worker {info.id} of {info.num_workers}"
+            raise ValueError(f"state was saved by DataLoader worker {worker} of {num_workers} and is being loaded in "
+                             f"{here}; restore it through a StatefulDataLoader with num_workers={num_workers}, or "
+                             "save the main process's state instead")
+    if info is None and step > ds.epoch_summary(epoch).steps:
+        # (a worker's own state is checked when its pass plans the epoch: no planning here)
+        raise ValueError(f"state['step'] = {step} is beyond the {ds.epoch_summary(epoch).steps} steps of epoch "
+                         f"{epoch}; the state does not belong to this dataset")
+    skipped = state_int(s, SKIPPED) if SKIPPED in s else 0
+    return Position(epoch, step, worker, num_workers, skipped)
+
+
+def legacy_fingerprint(config: Any, catalog: Any) -> str:
+    """The version-1 streaming fingerprint (a hex string), so old states still load."""
+    c = config
+    key = (c.max_batch_tokens, c.max_batch_size, c.world_size, c.window_samples, c.shuffle, c.drop_last, c.seed,
+           c.planner, repr(c.planner_options))
+    h = hashlib.blake2b(digest_size=8)
+    h.update((catalog.fingerprint() + repr(key)).encode())
+    return h.hexdigest()
