@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import copy
 import pickle
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from streambatch.core.state import EPOCH, STEP
 

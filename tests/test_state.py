@@ -7,13 +7,9 @@ import os
 import shutil
 import warnings
 
-import numpy as np
 import pytest
 from torch.utils.data import DataLoader
 
-from helpers import Echo, lognormal_lengths
-from roundtrip import check_state_roundtrip
-from shards import FPS, write_corpus
 from streambatch import DynamicBatchSampler, make_plan
 from streambatch.core import state as S
 from streambatch.core.config import PlanConfig
@@ -21,6 +17,10 @@ from streambatch.core.plan import config_fingerprint
 from streambatch.streaming import StreamingBatches, index_shards, sidecar_path
 from streambatch.streaming.sidecar import read_arrays
 from streambatch.streaming.window import WindowConfig
+
+from helpers import Echo, lognormal_lengths
+from roundtrip import check_state_roundtrip
+from shards import FPS, write_corpus
 
 BUDGET, CAP, WINDOW = 400, 12, 90
 

@@ -56,7 +56,7 @@ class PlanConfig:
         """Validate and coerce every setting (TypeError/ValueError naming the
         bad one). ``extra`` holds a subclass's own settings."""
         # The registry lives in streambatch.planners, which imports this layer.
-        from ..planners import check_planner
+        from ..planners import get_planner
 
         if planner_options is None:
             planner_options = {}
@@ -65,6 +65,11 @@ class PlanConfig:
         bad = [k for k in planner_options if not isinstance(k, str) or not k.isidentifier()]
         if bad:
             raise TypeError(f"planner option names must be identifiers, got {bad[0]!r}")
+        p = get_planner(planner)
+        # Checked against the planner's declared options; only the options given are kept (with
+        # their checked values), so defaults stay out of fingerprints and states.
+        resolved = p.resolve(planner_options)
+        given = {k: resolved[k] for k in planner_options}
         return cls(
             max_batch_tokens=check_budget(max_batch_tokens),
             max_batch_size=check_int("max_batch_size", max_batch_size, 1),
@@ -72,8 +77,8 @@ class PlanConfig:
             shuffle=check_flag("shuffle", shuffle),
             drop_last=check_flag("drop_last", drop_last),
             seed=check_seed(seed),
-            planner=check_planner(planner),
-            planner_options=tuple(sorted(planner_options.items())),
+            planner=p.name,
+            planner_options=tuple(sorted(given.items())),
             **cls._check_extra(**extra),
         )
 

@@ -1,30 +1,59 @@
-"""Planner registry and the one validated entry point, ``make_plan``."""
+"""Planner registry and the one validated entry point, ``make_plan``.
+
+Adding a planner: write one module (plan function + kernels beside it) that
+declares a ``Planner`` (``base.py``), add one line to ``_BUILTIN`` below (or
+call ``register_planner`` from your own code), and run
+``tests/test_planner_contract.py``, which checks the contract for every
+registered planner.
+"""
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 
-from .bucketed.plan import plan_bucketed
-from .greedy.plan import plan_greedy
 from ..core.config import PlanConfig, check_epoch
 from ..core.plan import Plan
-from ..core.validation import check_cost_range, coerce_lengths
+from ..core.validation import coerce_lengths
+from .base import Option, Planner, PlanFunction, UnknownOptionError
+from .bucketed.plan import PLANNER as BUCKETED
+from .greedy.plan import PLANNER as GREEDY
 
-# name -> function(lengths, max_batch_tokens, max_batch_size, world_size,
-#                  shuffle, drop_last, seed, epoch, **options) -> Plan
-PLANNERS: dict[str, Callable[..., Plan]] = {"greedy": plan_greedy, "bucketed": plan_bucketed}
+__all__ = ["PLANNERS", "RECOMMENDED", "SEED_EXACT", "Option", "Planner", "PlanFunction", "UnknownOptionError", "check_planner", "get_planner",
+           "make_plan", "plan_epoch", "register_planner"]
+
+_BUILTIN = (GREEDY, BUCKETED)
+# The map-style sampler's default reproduces the seed; everything without a seed to match uses the best planner.
+SEED_EXACT = GREEDY.name
+RECOMMENDED = BUCKETED.name
+
+# name -> Planner
+PLANNERS: dict[str, Planner] = {p.name: p for p in _BUILTIN}
 
 
-def register_planner(name: str, fn: Callable[..., Plan]) -> None:
-    PLANNERS[name] = fn
+def register_planner(planner: Planner | str, fn: PlanFunction | None = None) -> Planner:
+    """Register a ``Planner`` (or, for quick experiments, a bare plan function
+    under a name: its options then pass through unchecked)."""
+    if isinstance(planner, str):
+        if fn is None:
+            raise TypeError("register_planner(name, fn) needs the plan function, or pass a Planner")
+        planner = Planner(planner, fn, options=None)
+    if not isinstance(planner, Planner):
+        raise TypeError(f"register_planner takes a Planner or (name, function), got {planner!r}")
+    PLANNERS[planner.name] = planner
+    return planner
 
 
 def check_planner(name: Any) -> str:
+    """``name`` if it is a registered planner, else a ValueError listing them."""
     if not isinstance(name, str) or name not in PLANNERS:
         raise ValueError(f"planner must be one of {sorted(PLANNERS)}, got {name!r}")
     return name
+
+
+def get_planner(name: Any) -> Planner:
+    return PLANNERS[check_planner(name)]
 
 
 def make_plan(lengths: Any, max_batch_tokens: Any, max_batch_size: Any = 64, world_size: Any = 1,
@@ -33,6 +62,7 @@ def make_plan(lengths: Any, max_batch_tokens: Any, max_batch_size: Any = 64, wor
     """Validate everything, then plan one epoch.
 
     lengths: (N,) integer lengths (list, numpy array or torch tensor).
+    options: the chosen planner's options (``PLANNERS[planner].options``).
     ``make_plan(lengths, config, epoch=e)`` with a ``PlanConfig`` (already
     validated) is the same call. Returns a Plan of global steps with one
     non-empty batch per rank.
@@ -50,8 +80,16 @@ def make_plan(lengths: Any, max_batch_tokens: Any, max_batch_size: Any = 64, wor
 
 def plan_epoch(lengths: np.ndarray, config: PlanConfig, epoch: int) -> Plan:
     """Plan one epoch from checked input: lengths (N,) int64 >= 0 (as
-    ``coerce_lengths`` returns them), a built ``PlanConfig``, an int epoch."""
+    ``coerce_lengths`` returns them), a built ``PlanConfig`` (its options
+    already checked against its planner), an int epoch."""
     c = config
-    check_cost_range(lengths, c.world_size, c.max_batch_tokens, c.max_batch_size)
-    return PLANNERS[c.planner](lengths, c.max_batch_tokens, c.max_batch_size, c.world_size, c.shuffle,
-                               c.drop_last, c.seed, epoch, **c.options)
+    p = PLANNERS[c.planner]
+    resolved = {o.name: o.default for o in p.options or ()}  # defaults for the options not given
+    resolved.update(c.planner_options)
+    if lengths.size:
+        # One overflow guard, owned by the cost model the plan balances under.
+        lmax = int(lengths.max())
+        cap = min(c.max_batch_size, lengths.size)  # a cap above N never binds
+        p.cost_model(resolved).check_range(lmax, min(c.max_batch_tokens, cap * max(lmax, 1) + 1), cap, c.world_size)
+    return p.plan(lengths, c.max_batch_tokens, c.max_batch_size, c.world_size, c.shuffle, c.drop_last, c.seed, epoch,
+                  **resolved)

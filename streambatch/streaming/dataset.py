@@ -10,17 +10,16 @@ import numpy as np
 import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
+from ..core import state as S
 from ..core.config import check_epoch
-from ..core.state import (CONFIG, EPOCH, FINGERPRINT, NUM_WORKERS, SEED, SKIPPED, STATE_VERSION, STEP, VERSION,
-                          WORKER, WORLD_SIZE)
 from ..core.validation import check_flag, check_int
 from ..planners import plan_epoch
 from ..torch_glue.distributed import active, agree, guess_world, is_distributed, resolve_world, will_check
 from .audio import decode_audio
 from .catalog import Catalog, open_catalog
 from .errors import ShardError
-from .reader import LocalReader, expand_urls, is_local, read_stream_regions
 from .position import SharedState, read_position
+from .reader import LocalReader, expand_urls, is_local, read_stream_regions
 from .tar import parse_sample
 from .window import EpochSummary, WindowConfig, iter_windows, summarize
 
@@ -189,10 +188,10 @@ class StreamingBatches(IterableDataset):
             pending = self._shared.pending(self.epoch)
             pos = {"epoch": self.epoch, "step": pending or 0, "worker": None, "num_workers": 0}
         worker = pos["worker"]
-        return {VERSION: STATE_VERSION, EPOCH: int(pos["epoch"]), STEP: int(pos["step"]), WORKER: worker,
-                NUM_WORKERS: pos["num_workers"], WORLD_SIZE: self.world_size, SEED: self.config.seed,
-                FINGERPRINT: self.fingerprint, CONFIG: self.config.describe(),
-                SKIPPED: self._shared.skipped(None if worker is None else SharedState.slot(worker))}
+        return {S.VERSION: S.STATE_VERSION, S.EPOCH: int(pos["epoch"]), S.STEP: int(pos["step"]), S.WORKER: worker,
+                S.NUM_WORKERS: pos["num_workers"], S.WORLD_SIZE: self.world_size, S.SEED: self.config.seed,
+                S.FINGERPRINT: self.fingerprint, S.CONFIG: self.config.describe(),
+                S.SKIPPED: self._shared.skipped(None if worker is None else SharedState.slot(worker))}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Resume where ``state`` was saved: the next pass over its epoch

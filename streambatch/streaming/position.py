@@ -22,9 +22,9 @@ from dataclasses import dataclass
 from multiprocessing.sharedctypes import RawArray
 from typing import Any
 
+from ..core import state as S
 from ..core.config import check_epoch
-from ..core.state import (CONFIG, EPOCH, FINGERPRINT, NUM_WORKERS, SKIPPED, STEP, WORKER, WORLD_SIZE, differences,
-                          read_state, state_int)
+from ..core.state import differences, read_state, state_int
 
 MAX_WORKERS = 256  # DataLoader workers per rank that can share one dataset
 
@@ -149,21 +149,21 @@ def read_position(state: Any, ds: Any, info: Any) -> Position:
     """Check a ``StreamingBatches`` state against dataset ``ds`` (loaded in
     DataLoader worker ``info``, or the main process when None) before
     anything changes; ValueError names what does not match."""
-    s = read_state(state, "StreamingBatches", (EPOCH, STEP, WORKER, WORLD_SIZE, FINGERPRINT))
-    world = state_int(s, WORLD_SIZE, 1)
+    s = read_state(state, "StreamingBatches", (S.EPOCH, S.STEP, S.WORKER, S.WORLD_SIZE, S.FINGERPRINT))
+    world = state_int(s, S.WORLD_SIZE, 1)
     if world != ds.world_size:
         raise ValueError(f"state was saved with world_size={world}, this run has world_size={ds.world_size}; "
                          "resume with the same number of ranks (the plan depends on it)")
-    if s[FINGERPRINT] != ds.fingerprint and s[FINGERPRINT] != legacy_fingerprint(ds.config, ds.catalog):
-        what = differences(s.get(CONFIG), ds.config.describe()) or "the shard list or sidecars differ"
+    if s[S.FINGERPRINT] != ds.fingerprint and s[S.FINGERPRINT] != legacy_fingerprint(ds.config, ds.catalog):
+        what = differences(s.get(S.CONFIG), ds.config.describe()) or "the shard list or sidecars differ"
         raise ValueError(f"state was saved for other shards, sidecars or settings ({what}); resume with the same "
                          "shard list, sidecars, max_batch_tokens, max_batch_size, window_samples, shuffle, drop_last, "
                          "seed and planner")
-    epoch = check_epoch(state_int(s, EPOCH), "state['epoch']")
-    step = state_int(s, STEP)
-    worker, num_workers = s[WORKER], 0
+    epoch = check_epoch(state_int(s, S.EPOCH), "state['epoch']")
+    step = state_int(s, S.STEP)
+    worker, num_workers = s[S.WORKER], 0
     if worker is not None:
-        worker, num_workers = state_int(s, WORKER), state_int(s, NUM_WORKERS, 1)
+        worker, num_workers = state_int(s, S.WORKER), state_int(s, S.NUM_WORKERS, 1)
         if info is None or (info.id, info.num_workers) != (worker, num_workers):
             here = "the main process" if info is None else f"worker {info.id} of {info.num_workers}"
             raise ValueError(f"state was saved by DataLoader worker {worker} of {num_workers} and is being loaded in "
@@ -173,7 +173,7 @@ def read_position(state: Any, ds: Any, info: Any) -> Position:
         # (a worker's own state is checked when its pass plans the epoch: no planning here)
         raise ValueError(f"state['step'] = {step} is beyond the {ds.epoch_summary(epoch).steps} steps of epoch "
                          f"{epoch}; the state does not belong to this dataset")
-    skipped = state_int(s, SKIPPED) if SKIPPED in s else 0
+    skipped = state_int(s, S.SKIPPED) if S.SKIPPED in s else 0
     return Position(epoch, step, worker, num_workers, skipped)
 
 

@@ -11,13 +11,13 @@ from typing import Any
 
 from torch.utils.data import Sampler
 
-from .distributed import active, agree, resolve_world, will_check
+from ..core import state as S
 from ..core.config import PlanConfig, check_epoch
 from ..core.plan import Plan, RankBatches
-from ..core.state import (CONFIG, EPOCH, FINGERPRINT, SEED, STATE_VERSION, STEP, VERSION, WORLD_SIZE, differences,
-                          read_state, state_int)
+from ..core.state import differences, read_state, state_int
 from ..core.validation import check_flag, check_int, coerce_lengths
 from ..planners import plan_epoch
+from .distributed import active, agree, resolve_world, will_check
 
 KIND = "DynamicBatchSampler"
 
@@ -190,13 +190,13 @@ class DynamicBatchSampler(Sampler[list[int]]):
         ``set_epoch`` + ``set_start_batch``."""
         self._warn_if_ahead()
         return {
-            VERSION: STATE_VERSION,
-            EPOCH: self.epoch,
-            STEP: self._consumed,
-            SEED: self.seed,
-            WORLD_SIZE: self.world_size,
-            FINGERPRINT: self._fingerprint,
-            CONFIG: self.config.describe(),
+            S.VERSION: S.STATE_VERSION,
+            S.EPOCH: self.epoch,
+            S.STEP: self._consumed,
+            S.SEED: self.seed,
+            S.WORLD_SIZE: self.world_size,
+            S.FINGERPRINT: self._fingerprint,
+            S.CONFIG: self.config.describe(),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -207,22 +207,22 @@ class DynamicBatchSampler(Sampler[list[int]]):
         With ``verify`` under torch.distributed this is a collective."""
         failure, plan, epoch, step, fp = None, self.plan, self.epoch, 0, 0
         try:
-            s = read_state(state, KIND, (EPOCH, STEP, FINGERPRINT))
-            if WORLD_SIZE in s and state_int(s, WORLD_SIZE, 1) != self.world_size:
-                raise ValueError(f"the state was saved with world_size={s[WORLD_SIZE]} but this sampler has "
+            s = read_state(state, KIND, (S.EPOCH, S.STEP, S.FINGERPRINT))
+            if S.WORLD_SIZE in s and state_int(s, S.WORLD_SIZE, 1) != self.world_size:
+                raise ValueError(f"the state was saved with world_size={s[S.WORLD_SIZE]} but this sampler has "
                                  f"world_size={self.world_size}; resume with the same world size")
-            if SEED in s and (isinstance(s[SEED], bool) or not isinstance(s[SEED], numbers.Integral)):
-                raise ValueError(f"state['seed'] must be an integer, got {s[SEED]!r}")
-            if SEED in s and s[SEED] != self.seed:
-                raise ValueError(f"the state was saved with seed={s[SEED]} but this sampler has seed={self.seed}")
-            if s[FINGERPRINT] != self._fingerprint:
-                what = differences(s.get(CONFIG), self.config.describe()) or "the lengths differ"
+            if S.SEED in s and (isinstance(s[S.SEED], bool) or not isinstance(s[S.SEED], numbers.Integral)):
+                raise ValueError(f"state['seed'] must be an integer, got {s[S.SEED]!r}")
+            if S.SEED in s and s[S.SEED] != self.seed:
+                raise ValueError(f"the state was saved with seed={s[S.SEED]} but this sampler has seed={self.seed}")
+            if s[S.FINGERPRINT] != self._fingerprint:
+                what = differences(s.get(S.CONFIG), self.config.describe()) or "the lengths differ"
                 raise ValueError(f"the state was saved for a different configuration ({what}); resume with the "
                                  "lengths and sampler arguments of the run that saved it")
-            epoch = check_epoch(state_int(s, EPOCH), "state['epoch']")
+            epoch = check_epoch(state_int(s, S.EPOCH), "state['epoch']")
             if epoch != self.epoch:
                 plan = plan_epoch(self.lengths, self.config, epoch)
-            step = state_int(s, STEP)
+            step = state_int(s, S.STEP)
             if step > plan.num_steps:
                 raise ValueError(f"state['step'] = {step} is beyond the {plan.num_steps} steps of epoch {epoch}; "
                                  "the state does not belong to this sampler's plan")
