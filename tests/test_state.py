@@ -315,3 +315,26 @@ def test_stream_error_fails_only_the_unread_samples(corpus, tmp_path):
     got = [k for b in keys(ds) for k in b]
     assert sorted(got) == sorted(k.decode() for k in keys_ if k.decode() not in lost)
     assert ds.num_skipped == len(lost) < len(keys_)
+
+
+@pytest.mark.parametrize("cut", [0, 9])  # the bad sample is in batch 0: skipped after the save, or before
+def test_skip_count_survives_a_stateful_dataloader_resume(corpus, tmp_path, cut):
+    from torchdata.stateful_dataloader import StatefulDataLoader
+
+    paths, bad = _corrupted(corpus, tmp_path, 2, 4)
+
+    def loader():
+        ds = StreamingBatches(paths, BUDGET, CAP, window_samples=WINDOW, on_error="skip")
+        return ds, StatefulDataLoader(ds, batch_size=None, num_workers=2)
+
+    ds, dl = loader()
+    it = iter(dl)
+    head = [next(it) for _ in range(cut)]
+    state = dl.state_dict()
+    del it
+    ds2, dl2 = loader()
+    dl2.load_state_dict(state)
+    tail = list(dl2)
+    got = [s["__key__"] for b in head + tail for s in b]
+    assert bad not in got and len(got) == len(set(got)) == len(corpus[2]) - 1
+    assert ds2.num_skipped == 1  # skipped once: before the save (restored) or after it

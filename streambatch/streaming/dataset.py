@@ -216,7 +216,9 @@ class StreamingBatches(IterableDataset):
             self._local_resume = {"epoch": pos.epoch, "step": pos.step + info.id, "limit": info.num_workers}
         else:
             self._shared.set_resume(pos.epoch, pos.step)
-        self._shared.restore_skipped(SharedState.slot(None if info is None else info.id), pos.skipped)
+        # A main-process total restored in workers goes to worker 0 alone, so it is counted once.
+        mine = pos.skipped if pos.worker is not None or info is None or info.id == 0 else 0
+        self._shared.restore_skipped(SharedState.slot(None if info is None else info.id), mine)
         self._pos = None
 
     # ------------------------------------------------------------ iteration
