@@ -65,7 +65,7 @@ class PlanConfig:
         bad = [k for k in planner_options if not isinstance(k, str) or not k.isidentifier()]
         if bad:
             raise TypeError(f"planner option names must be identifiers, got {bad[0]!r}")
-        p = get_planner(planner)
+        p = get_planner(cls._options_planner(planner, extra))
         # Checked against the planner's declared options; only the options given are kept (with
         # their checked values), so defaults stay out of fingerprints and states.
         resolved = p.resolve(planner_options)
@@ -85,6 +85,11 @@ class PlanConfig:
     @classmethod
     def _check_extra(cls) -> dict[str, Any]:
         return {}
+
+    @classmethod
+    def _options_planner(cls, planner: Any, extra: Mapping[str, Any]) -> Any:
+        """The planner whose declared options ``planner_options`` are checked against."""
+        return planner
 
     @property
     def options(self) -> dict[str, Any]:

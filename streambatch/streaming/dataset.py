@@ -21,7 +21,8 @@ from .errors import ShardError
 from .position import SharedState, read_position
 from .reader import LocalReader, expand_urls, is_local, read_stream_regions
 from .tar import parse_sample
-from .window import EpochSummary, WindowConfig, iter_windows, summarize
+from .affinity import warm_up as warm_up_affine
+from .window import EpochSummary, WindowConfig, check_read_mode, default_window, iter_windows, summarize
 
 log = logging.getLogger("streambatch.streaming")
 
@@ -50,8 +51,18 @@ class StreamingBatches(IterableDataset):
     window_samples: samples per planning window (consecutive shards are
         grouped until they hold this many). Larger windows shuffle more widely
         and balance better; memory is one window's sidecar arrays (~50 bytes
-        per sample) per process. The default balances steps at >= 0.95 for
-        audio-like lengths.
+        per sample) per process. The default (None: 20,000; in shard mode
+        max(20,000, 2,500 x W)) balances steps at >= 0.95 for audio-like
+        lengths.
+    read_mode: ``"sample"`` (each window planned across all ranks; a rank
+        reads its own samples by offset: for local files, where seeks are
+        free), ``"shard"`` (each rank trains on a contiguous piece of the
+        window's shards, which it alone streams: each byte crosses the
+        network once per epoch across the job; see ``affinity.py``) or None
+        (the default): ``"sample"`` when every URL is a local file,
+        ``"shard"`` otherwise. Shard mode plans with its own walk: ``planner``
+        is not used there, and ``planner_options`` are the bucketed
+        planner's (``cost``, ``max_step_cost``).
     rank, world_size: default to ``torch.distributed`` when initialised, else
         0/1 (an error when a launcher started several processes, or with
         ``rank=None`` and ``world_size > 1``).
@@ -72,7 +83,8 @@ class StreamingBatches(IterableDataset):
     """
 
     def __init__(self, urls: Any, max_batch_tokens: Any, max_batch_size: Any = 64, *,
-                 window_samples: Any = 20_000, shuffle: bool = True, drop_last: bool = False, seed: Any = 42,
+                 window_samples: Any = None, read_mode: str | None = None, shuffle: bool = True,
+                 drop_last: bool = False, seed: Any = 42,
                  rank: Any = None, world_size: Any = None, planner: str = "greedy",
                  index_dir: str | None = None, index_missing: bool = False, length_from: Any = None,
                  frames_per_second: Any = None, index_workers: Any = 1, decode: Any = None,
@@ -84,8 +96,14 @@ class StreamingBatches(IterableDataset):
         try:
             index_missing, self.verify = check_flag("index_missing", index_missing), check_flag("verify", verify)
             rank, world = resolve_world(rank, world_size)
+            if read_mode is None:
+                read_mode = "sample" if all(is_local(u) for u in expand_urls(urls)) else "shard"
+            read_mode = check_read_mode(read_mode)
+            if window_samples is None:
+                window_samples = default_window(read_mode, world)
             self.config = WindowConfig.build(max_batch_tokens, max_batch_size, world, shuffle, drop_last, seed,
-                                             planner, planner_options, window_samples=window_samples)
+                                             planner, planner_options, window_samples=window_samples,
+                                             read_mode=read_mode)
             if on_error not in ("raise", "skip"):
                 raise ValueError(f"on_error must be 'raise' or 'skip', got {on_error!r}")
             if decode is not None and decode != "audio" and not callable(decode):
@@ -94,7 +112,11 @@ class StreamingBatches(IterableDataset):
                 raise TypeError(f"collate_fn must be callable or None, got {type(collate_fn).__name__}")
             # Load the compiled planner now, so DataLoader workers forked later
             # inherit it instead of each loading (or compiling) it again.
-            plan_epoch(np.ones(world, dtype=np.int64), self.config, 0)
+            c = self.config
+            if read_mode == "shard":
+                warm_up_affine(c.max_batch_tokens, c.max_batch_size, world, c.options)
+            else:
+                plan_epoch(np.ones(world, dtype=np.int64), c, 0)
         except Exception as exc:  # re-raised below, after every rank has heard of it
             failure = exc
         if index_missing not in (False, 0, None) and is_distributed() and guess_world(world) > 1:
@@ -341,6 +363,7 @@ class StreamingBatches(IterableDataset):
         return (f"StreamingBatches({len(self.catalog.urls)} shards, {self.catalog.num_samples} samples, "
                 f"max_batch_tokens={c.max_batch_tokens}, max_batch_size={c.max_batch_size}, "
                 f"rank={self.rank}, world_size={self.world_size}, window_samples={c.window_samples}, "
+                f"read_mode={c.read_mode!r}, "
                 f"epoch={self.epoch})")
 
 

@@ -157,8 +157,8 @@ def read_position(state: Any, ds: Any, info: Any) -> Position:
     if s[S.FINGERPRINT] != ds.fingerprint and s[S.FINGERPRINT] != legacy_fingerprint(ds.config, ds.catalog):
         what = differences(s.get(S.CONFIG), ds.config.describe()) or "the shard list or sidecars differ"
         raise ValueError(f"state was saved for other shards, sidecars or settings ({what}); resume with the same "
-                         "shard list, sidecars, max_batch_tokens, max_batch_size, window_samples, shuffle, drop_last, "
-                         "seed and planner")
+                         "shard list, sidecars, max_batch_tokens, max_batch_size, window_samples, read_mode, shuffle, "
+                         "drop_last, seed and planner")
     epoch = check_epoch(state_int(s, S.EPOCH), "state['epoch']")
     step = state_int(s, S.STEP)
     worker, num_workers = s[S.WORKER], 0
@@ -182,6 +182,8 @@ def legacy_fingerprint(config: Any, catalog: Any) -> str:
     c = config
     key = (c.max_batch_tokens, c.max_batch_size, c.world_size, c.window_samples, c.shuffle, c.drop_last, c.seed,
            c.planner, repr(c.planner_options))
+    if c.read_mode != "sample":
+        key += (c.read_mode,)
     h = hashlib.blake2b(digest_size=8)
     h.update((catalog.fingerprint() + repr(key)).encode())
     return h.hexdigest()
