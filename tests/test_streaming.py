@@ -104,7 +104,7 @@ def test_balance_efficiency_on_audio_like_lengths():
     counts = np.full(100, 500, dtype=np.int64)
     lengths = [np.ceil(np.clip(rng.lognormal(np.log(5), 0.8, 500), 0.5, 30) * 50).astype(np.int64) for _ in counts]
     for world in (8, 16):
-        cfg = WindowConfig.build(16000, 64, world, window_samples=20_000, seed=42)
+        cfg = WindowConfig(16000, 64, world, 20_000, True, False, 42)
         effs = []
         for win in iter_windows(counts, lambda s: lengths[s], cfg, epoch=3):
             for i in range(win.num_steps):

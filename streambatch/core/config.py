@@ -56,7 +56,7 @@ class PlanConfig:
         """Validate and coerce every setting (TypeError/ValueError naming the
         bad one). ``extra`` holds a subclass's own settings."""
         # The registry lives in streambatch.planners, which imports this layer.
-        from ..planners import get_planner
+        from ..planners import check_planner, get_planner
 
         if planner_options is None:
             planner_options = {}
@@ -65,7 +65,8 @@ class PlanConfig:
         bad = [k for k in planner_options if not isinstance(k, str) or not k.isidentifier()]
         if bad:
             raise TypeError(f"planner option names must be identifiers, got {bad[0]!r}")
-        p = get_planner(cls._options_planner(planner, extra))
+        name = check_planner(planner)
+        p = get_planner(cls._options_planner(name, extra))
         # Checked against the planner's declared options; only the options given are kept (with
         # their checked values), so defaults stay out of fingerprints and states.
         resolved = p.resolve(planner_options)
@@ -77,7 +78,7 @@ class PlanConfig:
             shuffle=check_flag("shuffle", shuffle),
             drop_last=check_flag("drop_last", drop_last),
             seed=check_seed(seed),
-            planner=p.name,
+            planner=name,
             planner_options=tuple(sorted(given.items())),
             **cls._check_extra(**extra),
         )

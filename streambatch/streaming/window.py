@@ -60,14 +60,23 @@ def default_window(read_mode: str, world_size: int) -> int:
     return 20_000 if read_mode == "sample" else max(20_000, 2_500 * world_size)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, init=False)
 class WindowConfig(PlanConfig):
-    """A ``PlanConfig`` plus the streaming window: everything besides lengths
-    and epoch that a streamed epoch depends on. Build with
-    ``WindowConfig.build(..., window_samples=N)``."""
+    """A ``PlanConfig`` plus the streaming window and read mode: everything
+    besides lengths and epoch that a streamed epoch depends on. Build (and
+    check) it with ``WindowConfig.build(..., window_samples=N, read_mode=M)``;
+    the plain constructor takes values as they are, in streaming's order."""
 
     window_samples: int = 20_000
     read_mode: str = "sample"
+
+    def __init__(self, max_batch_tokens: int, max_batch_size: int, world_size: int, window_samples: int,
+                 shuffle: bool, drop_last: bool, seed: int, planner: str = "greedy",
+                 planner_options: tuple[tuple[str, Any], ...] = (), read_mode: str = "sample") -> None:
+        super().__init__(max_batch_tokens, max_batch_size, world_size, shuffle, drop_last, seed, planner,
+                         planner_options)
+        object.__setattr__(self, "window_samples", window_samples)
+        object.__setattr__(self, "read_mode", read_mode)
 
     @classmethod
     def _check_extra(cls, window_samples: Any = 20_000, read_mode: Any = "sample") -> dict[str, Any]:
