@@ -15,13 +15,13 @@ from ..core.config import check_epoch
 from ..core.validation import check_flag, check_int
 from ..planners import plan_epoch
 from ..torch_glue.distributed import active, agree, guess_world, is_distributed, resolve_world, will_check
+from .affinity import warm_up as warm_up_affine
 from .audio import decode_audio
 from .catalog import Catalog, open_catalog
 from .errors import ShardError
 from .position import SharedState, read_position
 from .reader import LocalReader, expand_urls, is_local, read_stream_regions
 from .tar import parse_sample
-from .affinity import warm_up as warm_up_affine
 from .window import EpochSummary, WindowConfig, check_read_mode, default_window, iter_windows, summarize
 
 log = logging.getLogger("streambatch.streaming")
