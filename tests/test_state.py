@@ -317,6 +317,7 @@ def test_stream_error_fails_only_the_unread_samples(corpus, tmp_path):
     assert ds.num_skipped == len(lost) < len(keys_)
 
 
+@pytest.mark.slow  # two StatefulDataLoaders with workers per case
 @pytest.mark.parametrize("cut", [0, 9])  # the bad sample is in batch 0: skipped after the save, or before
 def test_skip_count_survives_a_stateful_dataloader_resume(corpus, tmp_path, cut):
     from torchdata.stateful_dataloader import StatefulDataLoader
