@@ -81,21 +81,20 @@ def load_inputs(inputs: list[str], field: str | None, fps: float | None, index_d
 
 
 def run_plan(args: argparse.Namespace) -> int:
+    from ..core.config import PlanConfig
     from ..planners import make_plan
     from .report import (check_figure_path, format_quality, histogram, plan_batches, plot_plan, quality,
                          seconds_label)
 
-    if args.plot:
-        check_figure_path(args.plot)
-    lengths, source, fps = load_inputs(args.inputs, args.field, args.frames_per_second, args.index_dir)
+    plot = check_figure_path(args.plot) if args.plot else None
     options = dict(args.planner_option)
+    config = PlanConfig.build(args.max_batch_tokens, args.max_batch_size, args.world_size, not args.no_shuffle,
+                              args.drop_last, args.seed, args.planner, options)
+    lengths, source, fps = load_inputs(args.inputs, args.field, args.frames_per_second, args.index_dir)
     # Load the compiled planner first, so the time below is planning only.
-    make_plan(np.ones(args.world_size, dtype=np.int64), args.max_batch_tokens, args.max_batch_size,
-              args.world_size, planner=args.planner, **options)
+    make_plan(np.ones(args.world_size, dtype=np.int64), config)
     t = time.perf_counter()
-    plan = make_plan(lengths, args.max_batch_tokens, args.max_batch_size, args.world_size,
-                     shuffle=not args.no_shuffle, drop_last=args.drop_last, seed=args.seed, epoch=args.epoch,
-                     planner=args.planner, **options)
+    plan = make_plan(lengths, config, epoch=args.epoch)
     seconds = time.perf_counter() - t
     batches = plan_batches(plan, lengths)
     q = quality(batches, args.max_batch_tokens)
@@ -122,10 +121,10 @@ def run_plan(args: argparse.Namespace) -> int:
         unit = "frames" if fps else "length units"
         print(f"\nsample length ({unit}{', seconds' if fps else ''})")
         print("\n".join(histogram(lengths, label=seconds_label(fps))))
-    if args.plot:
-        plot_plan(args.plot, batches, args.max_batch_tokens, args.max_batch_size,
+    if plot:
+        plot_plan(plot, batches, args.max_batch_tokens, args.max_batch_size,
                   title=f"{source}: {args.planner}, budget {args.max_batch_tokens:,}, W={args.world_size}")
-        print(f"\nwrote {args.plot}", file=sys.stderr if args.json else sys.stdout)
+        print(f"\nwrote {plot}", file=sys.stderr if args.json else sys.stdout)
     return 0
 
 

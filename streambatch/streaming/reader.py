@@ -186,14 +186,17 @@ class LocalReader:
             pass
 
 
-def read_stream_regions(url: str, regions: list[tuple[int, int]]) -> tuple[dict[int, bytes], int]:
+def read_stream_regions(url: str, regions: list[tuple[int, int]], out: dict[int, bytes] | None = None
+                        ) -> tuple[dict[int, bytes], int]:
     """Read byte regions ``(offset, size)`` from a non-seekable shard in one
     front-to-back pass, stopping after the last one.
 
     Returns ({offset: bytes}, bytes consumed from the stream). Everything
-    before the last region is read (and skipped ones discarded).
+    before the last region is read (and skipped ones discarded). Regions are
+    stored into ``out`` (if given) as they are read, so after a ``ShardError``
+    it holds the ones read before the failure.
     """
-    out: dict[int, bytes] = {}
+    out = {} if out is None else out
     pos = 0
     stream = open_stream(url)
     try:

@@ -27,14 +27,16 @@ every DataLoader worker computes the same windows without talking.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
 
+from ..core.config import PlanConfig
 from ..core.plan import Plan
-from ..planners import make_plan
+from ..core.validation import check_int, coerce_lengths
+from ..planners import plan_epoch
 from .affinity import foreign_samples, plan_affine_window
 
 _U64 = 1 << 64
@@ -58,25 +60,37 @@ def default_window(read_mode: str, world_size: int) -> int:
     return 20_000 if read_mode == "sample" else max(20_000, 2_500 * world_size)
 
 
-@dataclass(frozen=True)
-class WindowConfig:
-    """Everything besides lengths and epoch that the plan depends on."""
+@dataclass(frozen=True, init=False)
+class WindowConfig(PlanConfig):
+    """A ``PlanConfig`` plus the streaming window and read mode: everything
+    besides lengths and epoch that a streamed epoch depends on. Build (and
+    check) it with ``WindowConfig.build(..., window_samples=N, read_mode=M)``;
+    the plain constructor takes values as they are, in streaming's order."""
 
-    max_batch_tokens: int
-    max_batch_size: int
-    world_size: int
-    window_samples: int
-    shuffle: bool
-    drop_last: bool
-    seed: int
-    planner: str = "greedy"
-    planner_options: tuple = field(default=())
+    window_samples: int = 20_000
     read_mode: str = "sample"
 
+    def __init__(self, max_batch_tokens: int, max_batch_size: int, world_size: int, window_samples: int,
+                 shuffle: bool, drop_last: bool, seed: int, planner: str = "greedy",
+                 planner_options: tuple[tuple[str, Any], ...] = (), read_mode: str = "sample") -> None:
+        super().__init__(max_batch_tokens, max_batch_size, world_size, shuffle, drop_last, seed, planner,
+                         planner_options)
+        object.__setattr__(self, "window_samples", window_samples)
+        object.__setattr__(self, "read_mode", read_mode)
+
+    @classmethod
+    def _check_extra(cls, window_samples: Any = 20_000, read_mode: Any = "sample") -> dict[str, Any]:
+        return {"window_samples": check_int("window_samples", window_samples, 1),
+                "read_mode": check_read_mode(read_mode)}
+
+    @classmethod
+    def _options_planner(cls, planner: Any, extra: Mapping[str, Any]) -> Any:
+        # shard mode plans with its own walk, which takes the bucketed planner's options
+        return "bucketed" if extra.get("read_mode") == "shard" else planner
+
     def key(self) -> tuple:
-        key = (self.max_batch_tokens, self.max_batch_size, self.world_size, self.window_samples,
-               self.shuffle, self.drop_last, self.seed, self.planner, repr(self.planner_options))
-        # sample mode keeps its old key, so states saved before read_mode existed still load
+        # sample mode keeps its key, so states saved before read_mode existed still load
+        key = super().key() + (self.window_samples,)
         return key if self.read_mode == "sample" else key + (self.read_mode,)
 
 
@@ -195,17 +209,17 @@ def iter_windows(counts: np.ndarray, load_lengths: Callable[[int], np.ndarray], 
     nwin = bounds.shape[0] - 1
     carry_ids = carry_local = carry_len = np.zeros(0, dtype=np.int64)
     step = 0
-    options = dict(config.planner_options)
     for j in range(nwin):
         shards = order[bounds[j] : bounds[j + 1]]
         lens = [np.asarray(load_lengths(int(s)), dtype=np.int64) for s in shards]
         ids = np.concatenate([carry_ids] + [np.full(x.shape[0], s, dtype=np.int64) for s, x in zip(shards, lens)])
         local = np.concatenate([carry_local] + [np.arange(x.shape[0], dtype=np.int64) for x in lens])
-        lengths = np.concatenate([carry_len] + lens)
+        # Sidecar lengths are new input each window: checked here (cheap), the config once at construction.
+        lengths = coerce_lengths(np.concatenate([carry_len] + lens))
         last = j == nwin - 1
-        plan = make_plan(lengths, config.max_batch_tokens, config.max_batch_size, config.world_size,
-                         shuffle=config.shuffle, drop_last=config.drop_last if last else True,
-                         seed=window_seed(config.seed, epoch, j), epoch=0, planner=config.planner, **options)
+        # Each window is planned as epoch 0 of its own seed, so windows differ within an epoch too.
+        cfg = replace(config, drop_last=config.drop_last if last else True, seed=window_seed(config.seed, epoch, j))
+        plan = plan_epoch(lengths, cfg, 0)
         left = plan.leftover if plan.leftover is not None else np.zeros(0, dtype=np.int64)
         if not last:
             carry_ids, carry_local, carry_len = ids[left], local[left], lengths[left]
