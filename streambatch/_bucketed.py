@@ -403,15 +403,109 @@ def _write_contiguous(order, p, sizes, w, rot, out, at, row, cur):
         acc += row[r]
     for j in range(w):
         r = (j + rot) % w
-        m = sizes[j]
-        out[cur[r] : cur[r] + m] = order[p : p + m]
-        p += m
+        at = cur[r]
+        for i in range(sizes[j]):  # explicit loop: slice assignment compiles slowly
+            out[at + i] = order[p + i]
+        p += sizes[j]
     return acc, p
 
 
 @njit(cache=True)
-def plan_steps(order, slen, w, max_tokens, max_size, code, q, max_cost, finish, drop_last, shuffle, key,
-               first_step, out):
+def _grow_rows(counts, used, rows):
+    """counts (k, W) copied into (max(rows, k), W) zeros, its first ``used`` rows kept."""
+    grown = np.zeros((max(rows, counts.shape[0]), counts.shape[1]), dtype=np.int64)
+    for i in range(used):  # explicit loops: Numba compiles slice assignment slowly
+        for r in range(counts.shape[1]):
+            grown[i, r] = counts[i, r]
+    return grown
+
+
+@njit(cache=True)
+def _head_batches(slen, p, w, max_tokens, max_size, code, q, cap):
+    """Batches of the long head of descending lengths slen[p:], each of
+    consecutive samples filled until the next would break the size cap,
+    token budget or cost ``cap`` (the cost of the longest sample alone).
+
+    Under ``cap`` a batch costs more than cap / 2 (else one more sample
+    would fit), so the head ends, at a whole number of steps, once a batch
+    falls below that (budget or size cap binding: ordinary steps follow), or
+    once less data remains than two steps of it took (left to the caller).
+
+    Returns (sizes, costs, k, stop): the first k batches (k a multiple of W,
+    0 if the data ran out first) hold slen[p:stop].
+    """
+    n = slen.shape[0]
+    sizes = np.empty(4 * w, dtype=np.int64)
+    costs = np.empty(4 * w, dtype=np.int64)
+    k = 0
+    pos = p
+    k_done = 0
+    stop = p
+    while pos < n:
+        if k == sizes.shape[0]:
+            sizes = _grow1(sizes, k)
+            costs = _grow1(costs, k)
+        cnt = 1
+        mx = np.int64(slen[pos])
+        pos += 1
+        while pos < n:
+            nm = max(mx, np.int64(slen[pos]))
+            if cnt + 1 > max_size or (cnt + 1) * nm > max_tokens or batch_cost(code, q, cnt + 1, nm) > cap:
+                break
+            cnt += 1
+            mx = nm
+            pos += 1
+        sizes[k] = cnt
+        costs[k] = batch_cost(code, q, cnt, mx)
+        k += 1
+        if k % w == 0:
+            took = pos - stop
+            k_done = k
+            stop = pos
+            if 2 * costs[k - 1] < cap or n - pos < 2 * took:
+                break
+    return sizes, costs, k_done, stop
+
+
+@njit(cache=True)
+def _grow1(a, used):
+    grown = np.empty(2 * a.shape[0], dtype=np.int64)
+    for i in range(used):
+        grown[i] = a[i]
+    return grown
+
+
+@njit(cache=True)
+def _write_head(order, p, sizes, costs, k, w, shuffle, rot_key, first_step, out, n_out, counts, step):
+    """Write the k head batches (consecutive runs of order[p:] of the given
+    sizes) as k / W steps, the costliest W batches first: grouping batches
+    of like cost makes every step as short as its batches allow (sorting
+    minimises the sum over steps of the costliest batch). Returns (n_out, step)."""
+    start = np.empty(k, dtype=np.int64)
+    acc = p
+    for i in range(k):
+        start[i] = acc
+        acc += sizes[i]
+    neg = np.empty(k, dtype=np.int64)
+    for i in range(k):
+        neg[i] = -costs[i]
+    rank_of = np.argsort(neg, kind="mergesort")  # stable: ties keep length order
+    for g in range(k // w):
+        rot = _below(rot_key, first_step + step, w) if shuffle else 0
+        for j in range(w):
+            counts[step, (j + rot) % w] = sizes[rank_of[g * w + j]]
+        for r in range(w):
+            b = rank_of[g * w + (r - rot) % w]
+            for i in range(sizes[b]):
+                out[n_out + i] = order[start[b] + i]
+            n_out += sizes[b]
+        step += 1
+    return n_out, step
+
+
+@njit(cache=True)
+def plan_steps(order, slen, w, max_tokens, max_size, code, q, max_cost, descending, finish, drop_last, shuffle,
+               key, first_step, out):
     """Lay bucket-sorted samples out as global steps of W batches.
 
     order, slen: (n,) sample indices and their lengths in bucket order,
@@ -456,17 +550,14 @@ def plan_steps(order, slen, w, max_tokens, max_size, code, q, max_cost, finish, 
     # reduce to plain contiguous batches.
     n_contig = 3 if w > 1 else 1
     rot_key = _mix(key, np.uint64(0x5EED))
-    p = 0
-    n_out = 0
-    step = 0
+    # np.int64(0), not 0: a literal 0 would make Numba compile every callee
+    # twice (once for Literal[int](0), once for int64).
+    p = np.int64(0)
+    n_out = np.int64(0)
+    step = np.int64(0)
     while p < n:
         if step + 2 > counts.shape[0]:
-            # explicit loops: Numba compiles slice assignment slowly
-            grown = np.zeros((2 * counts.shape[0], w), dtype=np.int64)
-            for i in range(step):
-                for r in range(w):
-                    grown[i, r] = counts[i, r]
-            counts = grown
+            counts = _grow_rows(counts, step, 2 * counts.shape[0])
         rot = _below(rot_key, first_step + step, w) if shuffle else 0
         left = n - p
         if left < w:
@@ -499,6 +590,26 @@ def plan_steps(order, slen, w, max_tokens, max_size, code, q, max_cost, finish, 
                     settled = balance >= _SETTLED
                     for r in range(w):
                         cheapest = min(cheapest, batch_cost(code, q, sizes[0, r], maxes[0, r]))
+        if descending and w > 1 and rates[0] < np.inf:
+            # An outlier at the head of the step: the longest sample alone
+            # costs as much as the cheapest full batch, so it sets the step's
+            # time whatever the layout. Hold every batch to that lone cost:
+            # nothing costs more than the step must, and the step still
+            # takes the longest samples that fit under it.
+            lone = batch_cost(code, q, 1, np.int64(slen[p]))
+            top = np.int64(0)
+            for r in range(w):
+                top = max(top, batch_cost(code, q, sizes[0, r], maxes[0, r]))
+            if cheapest <= lone < top:
+                hsize, hcost, k, stop = _head_batches(slen, p, w, max_tokens, max_size, code, q,
+                                                      min(max_cost, lone))
+                if k > 0:
+                    if step + k // w + 2 > counts.shape[0]:
+                        counts = _grow_rows(counts, step, step + k // w + 2)
+                    n_out, step = _write_head(order, p, hsize, hcost, k, w, shuffle, rot_key, first_step, out,
+                                              n_out, counts, step)
+                    p = stop
+                    continue
         b = 0
         if not settled:
             b, b_narrow, complete = _deal_size(slen, p, w, max_tokens, max_size, code, q, max_cost)

@@ -159,15 +159,15 @@ def plan_bucketed(lengths: np.ndarray, max_batch_tokens: int, max_batch_size: in
     # and are finished there together, so no runt step lands in a sparse tail.
     args = (w, tokens, cap, cost.code, cost.q, max_cost)
     step_key = _mix(key, np.uint64(3))
-    low, k, n_low, stop_low = plan_steps(order[:m], slen[:m], *args, False, False, shuffle, step_key, 0, out)
+    low, k, n_low, stop_low = plan_steps(order[:m], slen[:m], *args, False, False, False, shuffle, step_key, 0, out)
     low = low[:k]
-    high, k, n_high, stop_high = plan_steps(order[m:], slen[m:], *args, False, False, shuffle, step_key,
+    high, k, n_high, stop_high = plan_steps(order[m:], slen[m:], *args, True, False, False, shuffle, step_key,
                                             low.shape[0], out[n_low:])
     high = high[:k]
     rest_order = np.concatenate([order[stop_low:m], order[m + stop_high :][::-1]])
     rest_len = np.concatenate([slen[stop_low:m], slen[m + stop_high :][::-1]])
     del order, slen
-    end, k, n_end, stop = plan_steps(rest_order, rest_len, *args, True, drop_last, shuffle, step_key,
+    end, k, n_end, stop = plan_steps(rest_order, rest_len, *args, False, True, drop_last, shuffle, step_key,
                                      low.shape[0] + high.shape[0], out[n_low + n_high :])
     end = end[:k]
     leftover = rest_order[stop:].copy()
