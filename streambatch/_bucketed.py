@@ -30,8 +30,12 @@ _W_FILL = 0.5
 _SETTLED = 0.995  # a greedy step this balanced is taken without trying other layouts
 _NARROW = 20  # a narrow deal spans at most 1 + 1/_NARROW in length
 
+# Helpers only other kernels call: no CPython or C wrapper to generate and
+# compile for them (a third of a cold compile otherwise).
+_helper = njit(cache=True, no_cpython_wrapper=True, no_cfunc_wrapper=True)
 
-@njit(cache=True)
+
+@_helper
 def _below(key, counter, n):
     """A draw in [0, n) from (key, counter); n >= 1."""
     r = _mix(key, np.uint64(counter))
@@ -50,7 +54,7 @@ def batch_cost(code, q, count, max_len):
     return count * max_len * (q + max_len)
 
 
-@njit(cache=True)
+@_helper
 def _bucket_of(length, edges, table):
     if table.shape[0] > 0:
         return np.int64(table[length])
@@ -65,7 +69,7 @@ def _bucket_of(length, edges, table):
     return np.int64(lo)
 
 
-@njit(cache=True)
+@_helper
 def _bucket_table(edges, max_len, n):
     """(max_len + 1,) int32 bucket of every length, or an empty table when
     lengths are too large for one, or it would cost more than the n lookups
@@ -82,7 +86,7 @@ def _bucket_table(edges, max_len, n):
     return table
 
 
-@njit(cache=True)
+@_helper
 def _histograms(lengths, edges, table, key, shuffle, size, tags):
     mask = np.uint64(_TAGS - 1)
     for i in range(lengths.shape[0]):
@@ -92,7 +96,7 @@ def _histograms(lengths, edges, table, key, shuffle, size, tags):
             tags[np.int64(_mix(key, np.uint64(i)) & mask) + 1] += 1
 
 
-@njit(cache=True)
+@_helper
 def _scatter_by_tag(lengths, key, tags, tmp_idx, tmp_len):
     mask = np.uint64(_TAGS - 1)
     for i in range(lengths.shape[0]):
@@ -104,7 +108,7 @@ def _scatter_by_tag(lengths, key, tags, tmp_idx, tmp_len):
         tags[t] = at + 1
 
 
-@njit(cache=True)
+@_helper
 def _scatter_by_bucket(idx, lengths, edges, table, start, order, slen):
     """order/slen[start[b]...] = idx/lengths of the samples in bucket b, in
     input order. idx may be empty: then sample i is i."""
@@ -118,7 +122,7 @@ def _scatter_by_bucket(idx, lengths, edges, table, start, order, slen):
         start[b] = at + 1
 
 
-@njit(cache=True)
+@_helper
 def _dense_bucket(edges, size, max_tokens, max_size):
     """The bucket a full step spans the smallest share of: most samples per
     sample a step can take (size cap, or budget / length)."""
@@ -182,7 +186,7 @@ def bucket_sort(lengths, max_len, edges, key, shuffle, max_tokens, max_size, ord
     return m
 
 
-@njit(cache=True)
+@_helper
 def _contiguous(slen, p, w, max_tokens, max_size, code, q, limit, sizes, maxes):
     """W batches of consecutive samples from ``p``, each filled until the next
     sample would break the size cap, token budget or cost ``limit``.
@@ -218,7 +222,7 @@ def _contiguous(slen, p, w, max_tokens, max_size, code, q, limit, sizes, maxes):
     return pos, True, real
 
 
-@njit(cache=True)
+@_helper
 def _deal_size(slen, p, w, max_tokens, max_size, code, q, max_cost):
     """How many samples per rank a deal of the samples from ``p`` can take.
 
@@ -269,7 +273,7 @@ def _deal_rank(t, m, w):
     return j
 
 
-@njit(cache=True)
+@_helper
 def _deal_stats(slen, lo, hi, w, sizes, maxes):
     """Sizes and longest sample per slot of dealing slen[lo:hi] from its end
     (the longest, when slen ascends). Returns the real tokens."""
@@ -287,7 +291,7 @@ def _deal_stats(slen, lo, hi, w, sizes, maxes):
     return real
 
 
-@njit(cache=True)
+@_helper
 def _waste_rate(sizes, maxes, real, w, max_tokens, max_size, code, q, max_cost, cost_limited):
     """Weighted tokens wasted per real token, summing padding, straggler time
     (padded tokens x (1 - balance)) and the unused capacity of batches below
@@ -312,13 +316,13 @@ def _waste_rate(sizes, maxes, real, w, max_tokens, max_size, code, q, max_cost, 
     return waste / max(float(real), 1.0), balance
 
 
-@njit(cache=True)
+@_helper
 def _fits(count, max_len, max_tokens, max_size, code, q, max_cost):
     return count <= 1 or (count <= max_size and count * max_len <= max_tokens
                           and batch_cost(code, q, count, max_len) <= max_cost)
 
 
-@njit(cache=True)
+@_helper
 def _even_rate(m, mx, real, w, max_tokens, max_size, code, q, max_cost, cost_limited, sizes, maxes):
     """``_waste_rate`` of dealing m samples (longest mx) evenly, every rank's
     longest taken as mx: a cheap estimate for choosing where to split."""
@@ -328,7 +332,7 @@ def _even_rate(m, mx, real, w, max_tokens, max_size, code, q, max_cost, cost_lim
     return _waste_rate(sizes, maxes, real, w, max_tokens, max_size, code, q, max_cost, cost_limited)[0]
 
 
-@njit(cache=True)
+@_helper
 def _finish_split(slen, p, w, max_tokens, max_size, code, q, max_cost, cost_limited, sizes, maxes):
     """Where to split the last samples slen[p:] (ascending by bucket) into at
     most two evenly dealt steps: returns h (the first step is slen[p:p+h],
@@ -370,7 +374,7 @@ def _finish_split(slen, p, w, max_tokens, max_size, code, q, max_cost, cost_limi
     return best
 
 
-@njit(cache=True)
+@_helper
 def _write_deal(order, lo, hi, w, rot, out, at, row, cur):
     """Deal order[lo:hi] as ``_deal_stats`` does; slot j goes to rank
     (j + rot) % W. Writes rank-major into out[at:], sizes into row (W,);
@@ -391,7 +395,7 @@ def _write_deal(order, lo, hi, w, rot, out, at, row, cur):
     return acc
 
 
-@njit(cache=True)
+@_helper
 def _write_contiguous(order, p, sizes, w, rot, out, at, row, cur):
     """Slot j's batch is the next sizes[j] samples from p; it goes to rank
     (j + rot) % W. Returns (new end of out, new p)."""
@@ -410,7 +414,7 @@ def _write_contiguous(order, p, sizes, w, rot, out, at, row, cur):
     return acc, p
 
 
-@njit(cache=True)
+@_helper
 def _grow_rows(counts, used, rows):
     """counts (k, W) copied into (max(rows, k), W) zeros, its first ``used`` rows kept."""
     grown = np.zeros((max(rows, counts.shape[0]), counts.shape[1]), dtype=np.int64)
@@ -420,7 +424,7 @@ def _grow_rows(counts, used, rows):
     return grown
 
 
-@njit(cache=True)
+@_helper
 def _head_batches(slen, p, w, max_tokens, max_size, code, q, cap):
     """Batches of the long head of descending lengths slen[p:], each of
     consecutive samples filled until the next would break the size cap,
@@ -467,7 +471,7 @@ def _head_batches(slen, p, w, max_tokens, max_size, code, q, cap):
     return sizes, costs, k_done, stop
 
 
-@njit(cache=True)
+@_helper
 def _grow1(a, used):
     grown = np.empty(2 * a.shape[0], dtype=np.int64)
     for i in range(used):
@@ -475,7 +479,33 @@ def _grow1(a, used):
     return grown
 
 
-@njit(cache=True)
+@_helper
+def _by_cost(costs, k):
+    """(k,) int64 indices of costs[:k] from the costliest, ties in index
+    order: a bottom-up merge sort (np.argsort compiles much more code)."""
+    idx = np.arange(k)
+    tmp = np.empty(k, dtype=np.int64)
+    width = 1
+    while width < k:
+        for lo in range(0, k, 2 * width):
+            mid = min(lo + width, k)
+            hi = min(lo + 2 * width, k)
+            i = lo
+            j = mid
+            for t in range(lo, hi):
+                if i < mid and (j >= hi or costs[idx[i]] >= costs[idx[j]]):
+                    tmp[t] = idx[i]
+                    i += 1
+                else:
+                    tmp[t] = idx[j]
+                    j += 1
+        for t in range(k):
+            idx[t] = tmp[t]
+        width *= 2
+    return idx
+
+
+@_helper
 def _write_head(order, p, sizes, costs, k, w, shuffle, rot_key, first_step, out, n_out, counts, step):
     """Write the k head batches (consecutive runs of order[p:] of the given
     sizes) as k / W steps, the costliest W batches first: grouping batches
@@ -486,10 +516,7 @@ def _write_head(order, p, sizes, costs, k, w, shuffle, rot_key, first_step, out,
     for i in range(k):
         start[i] = acc
         acc += sizes[i]
-    neg = np.empty(k, dtype=np.int64)
-    for i in range(k):
-        neg[i] = -costs[i]
-    rank_of = np.argsort(neg, kind="mergesort")  # stable: ties keep length order
+    rank_of = _by_cost(costs, k)
     for g in range(k // w):
         rot = _below(rot_key, first_step + step, w) if shuffle else 0
         for j in range(w):
