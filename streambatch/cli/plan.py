@@ -1,4 +1,4 @@
-"""``streambatch plan`` and ``streambatch index``: lengths in, a quality report out.
+"""``streambatch plan``: lengths in, a quality report out.
 
 INPUTs are lengths files and manifests (``streambatch.manifest``) or indexed
 WebDataset shards (their sidecars' lengths); the plan is ``make_plan``'s and
@@ -17,6 +17,9 @@ import time
 import numpy as np
 
 from .report import audio_time
+from typing import Any
+
+from .args import Formatter, add_plan_args, positive_float, whole
 
 
 _BRACES = re.compile(r"\{\d+\.\.\d+\}")
@@ -30,7 +33,7 @@ def is_shards(text: str) -> bool:
     return os.path.isdir(text) and any(n.endswith(_SHARD_EXT) for n in os.listdir(text))
 
 
-def _shard_list(text: str) -> list[str]:
+def shard_list(text: str) -> list[str]:
     if os.path.isdir(text):
         found = sorted(os.path.join(text, n) for n in os.listdir(text) if n.endswith(_SHARD_EXT))
         if not found:
@@ -47,11 +50,11 @@ def load_inputs(inputs: list[str], field: str | None, fps: float | None, index_d
     from .manifest import read_lengths
 
     parts, names = [], []
-    shards = [s for text in inputs if is_shards(text) for s in _shard_list(text)]
+    shards = [s for text in inputs if is_shards(text) for s in shard_list(text)]
     files = [text for text in inputs if not is_shards(text)]
     if shards:
-        from .streaming import open_catalog
-        from .streaming.index import read_meta
+        from ..streaming import open_catalog
+        from ..streaming.sidecar import read_meta
 
         hint = inputs[0] if len(inputs) == 1 else None
         cat = open_catalog(shards, index_dir=index_dir, url_hint=hint)
@@ -78,7 +81,7 @@ def load_inputs(inputs: list[str], field: str | None, fps: float | None, index_d
 
 
 def run_plan(args: argparse.Namespace) -> int:
-    from .planners import make_plan
+    from ..planners import make_plan
     from .report import (check_figure_path, format_quality, histogram, plan_batches, plot_plan, quality,
                          seconds_label)
 
@@ -134,29 +137,35 @@ def _length_summary(lengths: np.ndarray, fps: float | None) -> str:
     return text
 
 
-# ---------------------------------------------------------------- index
-
-
-def run_index(args: argparse.Namespace) -> int:
-    from .streaming import index_shards
-
-    shards = [u for text in args.shards for u in _shard_list(text)]
-    s = index_shards(shards, length_from=args.length_from, frames_per_second=args.frames_per_second,
-                     index_dir=args.index_dir, workers=args.workers,
-                     progress=not args.no_progress and sys.stderr.isatty(), force=args.force)
-    fps = args.frames_per_second
-    sec = (lambda v: f" ({v / fps:.1f} s)") if fps else (lambda v: "")
-    where = f"in {args.index_dir}" if args.index_dir else "next to the shards"
-    print(f"{s.shards:,} shards: {s.indexed:,} indexed, {s.current:,} already current ({s.seconds:.1f} s); "
-          f"sidecars {where}")
-    print(f"  samples          {s.samples:,}")
-    total = f"{s.total_length:,}"
-    if fps:
-        total += f" frames = {audio_time(s.total_length / fps)}"
-    print(f"  total length     {total}")
-    if s.percentiles:
-        print("  length           " + ", ".join(f"{k} {v:,}{sec(v)}" for k, v in s.percentiles.items()))
-    pattern = args.shards[0] if len(args.shards) == 1 else "SHARDS..."
-    flags = f" --index-dir {args.index_dir}" if args.index_dir else ""  # the sidecars tell plan the frame rate
-    print(f"next: streambatch plan '{pattern}'{flags} --max-batch-tokens 16000 --world-size 8")
-    return 0
+def add_parser(sub: Any, planners: list[str], seed_exact: str) -> None:
+    pl = sub.add_parser("plan", formatter_class=Formatter, help="plan an epoch of your lengths and report its quality",
+                        description=(
+        "Plan one epoch of your lengths and report its quality: steps, padding and balance\n"
+        "efficiency, budget use, and histograms of batch sizes and lengths.\n\n"
+        "INPUT is any of (several are concatenated in order; gzip'd files work too):\n"
+        "  lengths.npy          a 1-D array of lengths\n"
+        "  lengths.txt          one length per line\n"
+        "  cuts.jsonl.gz        JSON lines with a duration field (lhotse cuts: duration;\n"
+        "                       VoxCPM-style: duration or audio_duration; others: --field)\n"
+        "  'train-{000000..000099}.tar', a shard directory, or *.tar\n"
+        "                       indexed WebDataset shards (see `streambatch index`)\n\n"
+        "Lengths are in the units of --max-batch-tokens (frames, tokens); durations in seconds\n"
+        "need --frames-per-second.\n\n"
+        "example:\n"
+        "  streambatch plan cuts.jsonl.gz --frames-per-second 50 --max-batch-tokens 16000 \\\n"
+        "      --world-size 8 --plot plan.png"))
+    pl.add_argument("inputs", nargs="+", metavar="INPUT", help="lengths file(s), manifest(s) or indexed shards")
+    add_plan_args(pl, planners, tokens=None, world=1, planner=seed_exact, seed=42,
+                  tokens_help="token budget per batch: batch size x longest length <= this",
+                  world_help="ranks (one batch each per step)")
+    pl.add_argument("--epoch", type=whole(0), default=0, metavar="E", help="epoch to plan")
+    pl.add_argument("--drop-last", action="store_true", help="drop a partial final step instead of padding it")
+    pl.add_argument("--no-shuffle", action="store_true", help="plan without shuffling")
+    pl.add_argument("--field", metavar="NAME", help="JSON field with each sample's length or duration, dots for "
+                    "nesting, e.g. supervisions.0.duration (default: duration, else audio_duration)")
+    pl.add_argument("--frames-per-second", "--fps", type=positive_float, metavar="FPS",
+                    help="values are seconds: length = ceil(seconds x this) (e.g. 50 or 100)")
+    pl.add_argument("--index-dir", metavar="DIR", help="where the shards' sidecars are, if not next to the shards")
+    pl.add_argument("--plot", metavar="FILE.png", help="also write a figure (needs matplotlib)")
+    pl.add_argument("--json", action="store_true", help="print the metrics as one JSON object instead")
+    pl.set_defaults(run=("plan", "run_plan"))
