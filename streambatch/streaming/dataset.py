@@ -13,7 +13,8 @@ import numpy as np
 import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
-from ..planners import check_planner, make_plan
+from ..core.long_samples import check_max_length, too_long
+from ..planners import RECOMMENDED, check_planner, make_plan
 from ..torch_glue.distributed import check_same_everywhere, is_distributed, resolve_world
 from ..core.validation import check_budget, check_flag, check_int, check_seed
 from .audio import decode_audio
@@ -51,7 +52,15 @@ class StreamingBatches(IterableDataset):
     urls: brace pattern, path or list of shard URLs; each needs a sidecar
         (``streambatch index``), or pass ``index_missing=True`` for local files.
     max_batch_tokens, max_batch_size, planner, **planner_options: as for
-        ``make_plan``; each window is planned with them.
+        ``make_plan``; each window is planned with them. The planner defaults
+        to ``"bucketed"`` (streaming has no seed sampler to reproduce, and it
+        balances and pads best; ``DynamicBatchSampler`` keeps ``"greedy"``).
+    max_length, long_samples: samples longer than ``max_length`` (length
+        units, as in the sidecars) are never planned nor read
+        (``long_samples="drop"``: counted in ``num_too_long`` and
+        ``epoch_summary().too_long``, and logged) or make the constructor raise
+        naming the shard (``"raise"``; it reads every sidecar once). None
+        (default): no limit.
     window_samples: samples per planning window (consecutive shards are
         grouped until they hold this many). Larger windows shuffle more widely
         and balance better; memory is one window's sidecar arrays (~50 bytes
@@ -74,11 +83,11 @@ class StreamingBatches(IterableDataset):
 
     def __init__(self, urls: Any, max_batch_tokens: Any, max_batch_size: Any = 64, *,
                  window_samples: Any = 20_000, shuffle: bool = True, drop_last: bool = False, seed: Any = 42,
-                 rank: Any = None, world_size: Any = None, planner: str = "greedy",
+                 rank: Any = None, world_size: Any = None, planner: str = RECOMMENDED,
                  index_dir: str | None = None, index_missing: bool = False, length_from: Any = None,
                  frames_per_second: Any = None, index_workers: Any = 1, decode: Any = None,
                  collate_fn: Callable | None = None, on_error: str = "raise", verify: bool = True,
-                 **planner_options: Any):
+                 max_length: Any = None, long_samples: str = "drop", **planner_options: Any):
         super().__init__()
         tokens = check_budget(max_batch_tokens)
         size = check_int("max_batch_size", max_batch_size, 1)
@@ -87,6 +96,7 @@ class StreamingBatches(IterableDataset):
         shuffle, drop_last = check_flag("shuffle", shuffle), check_flag("drop_last", drop_last)
         index_missing, verify = check_flag("index_missing", index_missing), check_flag("verify", verify)
         check_planner(planner)
+        max_length, long_samples = check_max_length(max_length, long_samples)
         if on_error not in ("raise", "skip"):
             raise ValueError(f"on_error must be 'raise' or 'skip', got {on_error!r}")
         if decode is not None and decode != "audio" and not callable(decode):
@@ -98,7 +108,7 @@ class StreamingBatches(IterableDataset):
         if index_missing and is_distributed() and world_size > 1:
             _index_share(urls, rank, world_size, index_dir, length_from, frames_per_second, index_workers)
         self.config = WindowConfig(tokens, size, world_size, window, shuffle, drop_last, seed,
-                                   planner, tuple(sorted(planner_options.items())))
+                                   planner, tuple(sorted(planner_options.items())), max_length)
         failure = None
         try:
             self.catalog: Catalog = open_catalog(urls, index_dir=index_dir, index_missing=index_missing,
@@ -120,6 +130,9 @@ class StreamingBatches(IterableDataset):
                     raise
         if failure is not None:
             raise failure
+        if long_samples == "raise":
+            for i, url in enumerate(self.catalog.urls):
+                too_long(self.catalog.lengths(i), max_length, long_samples, where=f" of shard {url}")
         if self.catalog.num_samples == 0:
             raise ValueError(f"the {len(self.catalog.urls)} shards hold no samples; check the shard list")
         self.rank = rank
@@ -165,8 +178,17 @@ class StreamingBatches(IterableDataset):
         sidecars' lengths only (no tar is read). Cached per epoch."""
         epoch = self.epoch if epoch is None else check_int("epoch", epoch, 0)
         if epoch not in self._summaries:
-            self._summaries[epoch] = summarize(self.catalog.counts, self.catalog.lengths, self.config, epoch)
+            self._summaries[epoch] = summary = summarize(self.catalog.counts, self.catalog.lengths, self.config,
+                                                         epoch)
+            if summary.too_long and not self._summaries.keys() - {epoch}:  # once per dataset, not per epoch
+                log.warning("StreamingBatches: %d of %d samples are longer than max_length=%d and are left out",
+                            summary.too_long, self.catalog.num_samples, self.config.max_length)
         return self._summaries[epoch]
+
+    @property
+    def num_too_long(self) -> int:
+        """Samples longer than ``max_length``, left out of every epoch."""
+        return self.epoch_summary().too_long
 
     def __len__(self) -> int:
         """Batches this rank (every rank) yields in the current epoch."""

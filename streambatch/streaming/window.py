@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..core.plan import Plan
-from ..planners import make_plan
+from ..planners import RECOMMENDED, make_plan
 
 _U64 = 1 << 64
 
@@ -42,12 +42,14 @@ class WindowConfig:
     shuffle: bool
     drop_last: bool
     seed: int
-    planner: str = "greedy"
+    planner: str = RECOMMENDED
     planner_options: tuple = field(default=())
+    max_length: int | None = None  # longer samples are not planned (counted in Window.too_long)
 
     def key(self) -> tuple:
+        extra = () if self.max_length is None else (self.max_length,)
         return (self.max_batch_tokens, self.max_batch_size, self.world_size, self.window_samples,
-                self.shuffle, self.drop_last, self.seed, self.planner, repr(self.planner_options))
+                self.shuffle, self.drop_last, self.seed, self.planner, repr(self.planner_options), *extra)
 
 
 @dataclass(frozen=True)
@@ -58,6 +60,7 @@ class Window:
     shard_ids: (n,) int64 shard of each planned sample (carried ones first).
     local: (n,) int64 index of that sample within its shard's sidecar.
     first_step: epoch step index of the window's first step.
+    too_long: samples of the window's shards longer than ``max_length``, not planned.
     """
 
     index: int
@@ -66,6 +69,7 @@ class Window:
     shard_ids: np.ndarray
     local: np.ndarray
     last: bool
+    too_long: int = 0
 
     @property
     def num_steps(self) -> int:
@@ -77,7 +81,8 @@ class EpochSummary:
     """One epoch of one world layout: ``steps`` per rank (= ``len(ds)``),
     ``samples`` distinct samples trained on, ``padded`` repeats added to fill
     the final step, ``dropped`` samples left out (``drop_last=True``),
-    ``window_steps`` steps per window."""
+    ``window_steps`` steps per window, ``too_long`` samples longer than
+    ``max_length`` left out (not in ``samples``)."""
 
     epoch: int
     steps: int
@@ -85,6 +90,7 @@ class EpochSummary:
     padded: int
     dropped: int
     window_steps: tuple[int, ...]
+    too_long: int = 0
 
 
 def shard_order(num_shards: int, seed: int, epoch: int, shuffle: bool) -> np.ndarray:
@@ -144,6 +150,12 @@ def iter_windows(counts: np.ndarray, load_lengths: Callable[[int], np.ndarray], 
         ids = np.concatenate([carry_ids] + [np.full(x.shape[0], s, dtype=np.int64) for s, x in zip(shards, lens)])
         local = np.concatenate([carry_local] + [np.arange(x.shape[0], dtype=np.int64) for x in lens])
         lengths = np.concatenate([carry_len] + lens)
+        over = 0
+        if config.max_length is not None:
+            keep = lengths <= config.max_length  # carried samples were kept already
+            over = int(keep.size - np.count_nonzero(keep))
+            if over:
+                ids, local, lengths = ids[keep], local[keep], lengths[keep]
         last = j == nwin - 1
         plan = make_plan(lengths, config.max_batch_tokens, config.max_batch_size, config.world_size,
                          shuffle=config.shuffle, drop_last=config.drop_last if last else True,
@@ -151,19 +163,20 @@ def iter_windows(counts: np.ndarray, load_lengths: Callable[[int], np.ndarray], 
         left = plan.leftover if plan.leftover is not None else np.zeros(0, dtype=np.int64)
         if not last:
             carry_ids, carry_local, carry_len = ids[left], local[left], lengths[left]
-        yield Window(j, step, plan, ids, local, last)
+        yield Window(j, step, plan, ids, local, last, over)
         step += plan.num_steps
 
 
 def summarize(counts: np.ndarray, load_lengths: Callable[[int], np.ndarray], config: WindowConfig,
               epoch: int) -> EpochSummary:
     """Plan the whole epoch (lengths only) and count what it trains on."""
-    steps = padded = dropped = 0
+    steps = padded = dropped = over = 0
     per_window = []
     for w in iter_windows(counts, load_lengths, config, epoch):
         steps += w.num_steps
+        over += w.too_long
         per_window.append(w.num_steps)
         if w.last:
             padded, dropped = w.plan.num_padded, w.plan.num_dropped
-    samples = int(counts.sum()) - dropped
-    return EpochSummary(epoch, steps, samples, padded, dropped, tuple(per_window))
+    samples = int(counts.sum()) - dropped - over
+    return EpochSummary(epoch, steps, samples, padded, dropped, tuple(per_window), over)

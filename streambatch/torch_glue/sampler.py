@@ -2,17 +2,23 @@
 
 from __future__ import annotations
 
+import dataclasses
+import logging
 from collections.abc import Iterator
 from typing import Any
+
+import numpy as np
 
 from torch.utils.data import Sampler
 
 from .distributed import check_same_everywhere, resolve_world
+from ..core.long_samples import check_max_length, too_long
 from ..core.plan import Plan, RankBatches, config_fingerprint
 from ..planners import check_planner, make_plan
 from ..core.validation import check_budget, check_flag, check_int, check_seed, coerce_lengths
 
 _STATE_VERSION = 1
+log = logging.getLogger("streambatch.sampler")
 
 
 class DynamicBatchSampler(Sampler[list[int]]):
@@ -35,12 +41,18 @@ class DynamicBatchSampler(Sampler[list[int]]):
         verify: when ``torch.distributed`` is initialised, all-reduce a plan
             fingerprint after each (re)plan and raise on every rank if ranks
             planned differently (for example from different ``lengths``).
+        max_length, long_samples: samples longer than ``max_length`` (length
+            units) are left out of every batch (``long_samples="drop"``,
+            counted in ``num_too_long`` and logged; ``len(dataset)`` is
+            unchanged, their indices just never appear) or make the
+            constructor raise (``"raise"``). None (default): no limit.
         **planner_options: options of the chosen planner.
     """
 
     def __init__(self, lengths: Any, max_batch_tokens: Any, max_batch_size: int = 64, shuffle: bool = True,
                  drop_last: bool = False, rank: int | None = 0, world_size: int | None = 1, seed: int = 42,
-                 *, planner: str = "greedy", verify: bool = True, **planner_options: Any):
+                 *, planner: str = "greedy", verify: bool = True, max_length: int | None = None,
+                 long_samples: str = "drop", **planner_options: Any):
         self.lengths = coerce_lengths(lengths)
         self.max_batch_tokens = check_budget(max_batch_tokens)
         self.max_batch_size = check_int("max_batch_size", max_batch_size, 1)
@@ -51,18 +63,31 @@ class DynamicBatchSampler(Sampler[list[int]]):
         self.planner = check_planner(planner)
         self.verify = check_flag("verify", verify)
         self.planner_options = dict(planner_options)
+        self.max_length, self.long_samples = check_max_length(max_length, long_samples)
+        over = too_long(self.lengths, self.max_length, self.long_samples)
+        # Planned sample i is dataset index _kept[i]; None: every sample is planned.
+        self._kept = np.delete(np.arange(self.lengths.size), over) if over.size else None
+        self.num_too_long = int(over.size)
+        if over.size:
+            log.warning("DynamicBatchSampler: %d of %d samples are longer than max_length=%d and are left out of "
+                        "every batch", over.size, self.lengths.size, self.max_length)
         self.epoch = 0
         self._start_batch = 0
         self._consumed = 0
         self._fingerprint = config_fingerprint(
             self.lengths, self.max_batch_tokens, self.max_batch_size, self.shuffle, self.drop_last,
-            self.world_size, self.seed, self.planner, repr(sorted(self.planner_options.items())))
+            self.world_size, self.seed, self.planner, repr(sorted(self.planner_options.items())),
+            *(() if self.max_length is None else (self.max_length, self.long_samples)))
         self.plan: Plan = self._make_plan()
 
     def _make_plan(self) -> Plan:
-        plan = make_plan(self.lengths, self.max_batch_tokens, self.max_batch_size, self.world_size,
-                         self.shuffle, self.drop_last, self.seed, self.epoch, self.planner,
-                         **self.planner_options)
+        kept = self._kept
+        plan = make_plan(self.lengths if kept is None else self.lengths[kept], self.max_batch_tokens,
+                         self.max_batch_size, self.world_size, self.shuffle, self.drop_last, self.seed, self.epoch,
+                         self.planner, **self.planner_options)
+        if kept is not None:  # back to dataset indices
+            leftover = None if plan.leftover is None else kept[plan.leftover]
+            plan = dataclasses.replace(plan, samples=kept[plan.samples], leftover=leftover)
         if self.verify:
             check_same_everywhere(plan.fingerprint(), f"the plan of epoch {self.epoch}")
         return plan
