@@ -4,8 +4,8 @@
     python bench/real_corpora.py --baseline ../base    # plus "before" columns from another checkout
 
 Needs the shared real length files in ``../shared/data/real-lengths/`` beside
-the repository (or ``$REAL_LENGTHS_DIR``, or ``--data DIR``): 1-D float64 ``.npy`` arrays of utterance durations in seconds
-(LibriSpeech train-clean-100, Common Voice Indonesian and Pashto,
+the repository (or ``$REAL_LENGTHS_DIR``, or ``--data DIR``): 1-D float64
+``.npy`` arrays of utterance durations in seconds (LibriSpeech train-clean-100, Common Voice Indonesian and Pashto,
 VoiceBank-DEMAND; provenance in that folder's SOURCES.md). They are not part of
 the repository, so this script is a benchmark only: tests never read them.
 ``bench/distributions.py``'s four synthetic distributions (N = 20,000 and
@@ -91,6 +91,8 @@ def plan_metrics(plan, lengths: np.ndarray) -> dict:
     return {
         "padding": real / float((sizes * longest).sum()),
         "balance": float(np.mean(cost.sum(axis=1) / (w * step))),
+        "padding_real": real,
+        "padding_padded": float((sizes * longest).sum()),
         "epoch": float(step.sum()),
         "time_balance": float(cost.sum() / (w * step.sum())),
         "top_step": float(step.max() / step.sum()),
@@ -111,6 +113,54 @@ def measure(planner: str = "bucketed", data: str = DATA, worlds=WORLDS) -> list[
             row.update(corpus=name, world_size=w, bound=max(sq.sum() / w, sq.max()))
             rows.append(row)
     return rows
+
+
+def window_metrics(lengths: np.ndarray, w: int, window_samples: int, shard_size: int = 1000, epoch: int = 0,
+                   planner: str = "bucketed") -> dict:
+    """``plan_metrics`` of an epoch planned window by window, as
+    ``StreamingBatches`` plans it: the lengths cut into shards of
+    ``shard_size`` (in corpus order), no tar needed."""
+    from streambatch.streaming.window import WindowConfig, iter_windows
+
+    bounds = np.arange(0, lengths.size + shard_size, shard_size).clip(max=lengths.size)
+    shards = [lengths[a:b] for a, b in zip(bounds, bounds[1:]) if b > a]
+    counts = np.array([x.size for x in shards], dtype=np.int64)
+    config = WindowConfig(BUDGET, CAP, w, window_samples, True, False, SEED, planner)
+    steps = []
+    for win in iter_windows(counts, lambda i: shards[i], config, epoch):
+        lens = np.concatenate([shards[s][i:i + 1] for s, i in zip(win.shard_ids, win.local)]) if win.local.size \
+            else np.zeros(0, dtype=np.int64)
+        steps.append((win.plan, lens))
+    parts = [plan_metrics(p, lens) for p, lens in steps if p.num_steps]
+    # Merge the windows' figures: sums for time and costs, step-weighted balance.
+    n = sum(x["steps"] for x in parts)
+    epoch_time = sum(x["epoch"] for x in parts)
+    return {
+        "padding": sum(x["padding_real"] for x in parts) / sum(x["padding_padded"] for x in parts),
+        "balance": sum(x["balance"] * x["steps"] for x in parts) / n,
+        "time_balance": sum(x["time_balance"] * x["epoch"] for x in parts) / epoch_time,
+        "epoch": epoch_time,
+        "steps": n,
+    }
+
+
+def streaming_table(data: str, window_samples: int, worlds=WORLDS) -> str:
+    """Whole-corpus plan against window-by-window planning (StreamingBatches)."""
+    lines = ["| corpus | W | padding whole / windows | balance whole / windows | tw balance whole / windows "
+             "| epoch time windows / whole |", "|---|---|---|---|---|---|"]
+    from streambatch import make_plan
+
+    for name, lengths in corpus_lengths(data).items():
+        if name not in CORPORA:
+            continue
+        for w in worlds:
+            whole = plan_metrics(make_plan(lengths, BUDGET, CAP, w, seed=SEED, planner="bucketed"), lengths)
+            win = window_metrics(lengths, w, window_samples)
+            lines.append(f"| {name} | {w} | {whole['padding']:.3f} / {win['padding']:.3f} | "
+                         f"{whole['balance']:.3f} / {win['balance']:.3f} | "
+                         f"{whole['time_balance']:.3f} / {win['time_balance']:.3f} | "
+                         f"{win['epoch'] / whole['epoch']:.3f} |")
+    return "\n".join(lines)
 
 
 def baseline_rows(tree: str, data: str) -> list[dict]:
@@ -153,7 +203,14 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--baseline", metavar="DIR", help="a checkout to measure the 'before' columns with")
     p.add_argument("--planner", default="bucketed")
     p.add_argument("--json", action="store_true", help="print the rows as JSON")
+    p.add_argument("--streaming", type=int, metavar="WINDOW_SAMPLES", default=0,
+                   help="instead: whole-corpus plans against window-by-window planning with this window size")
     args = p.parse_args(argv)
+    if args.streaming:
+        print(f"Window by window ({args.streaming:,} samples per window, shards of 1,000 in corpus order) "
+              "against the whole corpus at once, bucketed planner, epoch 0\n")
+        print(streaming_table(args.data, args.streaming))
+        return
     if args.json:
         print(json.dumps(measure(args.planner, args.data)))
         return

@@ -13,15 +13,13 @@ import os
 import re
 import sys
 import time
+from typing import Any
 
 import numpy as np
 
-from .report import audio_time
-from typing import Any
-
 from ..core.units import seconds_to_frames
 from .args import Formatter, add_plan_args, length_limit, positive_float, whole
-
+from .report import audio_time
 
 _BRACES = re.compile(r"\{\d+\.\.\d+\}")
 _SHARD_EXT = (".tar", ".tar.gz", ".tgz")
@@ -82,11 +80,19 @@ def load_inputs(inputs: list[str], field: str | None, fps: float | None, index_d
 
 
 def run_plan(args: argparse.Namespace) -> int:
-    from ..planners import make_plan
     from ..core.long_samples import check_max_length, too_long
+    from ..planners import make_plan
     from .outliers import find_outliers
-    from .report import (check_figure_path, epoch_time_bound, format_quality, histogram, plan_batches, plot_plan,
-                         quality, seconds_label)
+    from .report import (
+        check_figure_path,
+        epoch_time_bound,
+        format_quality,
+        histogram,
+        plan_batches,
+        plot_plan,
+        quality,
+        seconds_label,
+    )
 
     if args.plot:
         check_figure_path(args.plot)

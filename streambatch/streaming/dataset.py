@@ -14,9 +14,9 @@ import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
 from ..core.long_samples import check_max_length, too_long
+from ..core.validation import check_budget, check_flag, check_int, check_seed
 from ..planners import RECOMMENDED, check_planner, make_plan
 from ..torch_glue.distributed import check_same_everywhere, is_distributed, resolve_world
-from ..core.validation import check_budget, check_flag, check_int, check_seed
 from .audio import decode_audio
 from .catalog import Catalog, open_catalog
 from .errors import ShardError

@@ -8,14 +8,13 @@ from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
-
 from torch.utils.data import Sampler
 
-from .distributed import check_same_everywhere, resolve_world
 from ..core.long_samples import check_max_length, too_long
 from ..core.plan import Plan, RankBatches, config_fingerprint
-from ..planners import check_planner, make_plan
 from ..core.validation import check_budget, check_flag, check_int, check_seed, coerce_lengths
+from ..planners import check_planner, make_plan
+from .distributed import check_same_everywhere, resolve_world
 
 _STATE_VERSION = 1
 log = logging.getLogger("streambatch.sampler")

@@ -41,13 +41,13 @@ from typing import Any
 
 import numpy as np
 
-from .kernels import bucket_sort, plan_steps, step_permutation
-from ...core.hashing import _mix, hash_array
-from ..greedy.mt19937 import seed_key
 from ...core.cost import INT64_MAX, CostModel, resolve_cost
-from ..greedy.plan import index_dtype
+from ...core.hashing import _mix, hash_array
 from ...core.plan import Plan, assemble, finish_last_step
 from ..base import Option, Planner
+from ..greedy.mt19937 import seed_key
+from ..greedy.plan import index_dtype
+from .kernels import bucket_sort, plan_steps, step_permutation
 
 DEFAULT_BUCKET_WIDTH = 0.02
 MIN_BUCKET_WIDTH = 0.001  # keeps the bucket count (~ ln(max_len) / width) in the tens of thousands
