@@ -150,7 +150,7 @@ def iter_windows(counts: np.ndarray, load_lengths: Callable[[int], np.ndarray], 
     Holds one window's arrays (plus at most one step of carried samples and
     the held outliers).
 
-    Outliers (``outlier_limit``) are held back from window to window and
+    With shuffling, outliers (``outlier_limit``) are held back from window to window and
     planned together, in the last window or once they make a quarter of one:
     a step holding an outlier lasts as long as that sample alone, so outliers
     spread over every window would each set the time of a step of their own
@@ -177,7 +177,7 @@ def iter_windows(counts: np.ndarray, load_lengths: Callable[[int], np.ndarray], 
             if over:
                 ids, local, lengths = ids[keep], local[keep], lengths[keep]
         last = j == nwin - 1
-        if not last:
+        if not last and config.shuffle:  # without shuffling, windows keep the corpus order
             out = lengths > outlier_limit(lengths, config.max_batch_tokens, config.max_batch_size)
             if out.any():
                 held_ids, held_local, held_len = (np.concatenate([h, x[out]]) for h, x in
