@@ -12,8 +12,9 @@ from torch.utils.data import IterableDataset, get_worker_info
 
 from ..core import state as S
 from ..core.config import check_epoch
+from ..core.long_samples import check_max_length, too_long
 from ..core.validation import check_flag, check_int
-from ..planners import plan_epoch
+from ..planners import RECOMMENDED, plan_epoch
 from ..torch_glue.distributed import active, agree, guess_world, is_distributed, resolve_world, will_check
 from .affinity import warm_up as warm_up_affine
 from .audio import decode_audio
@@ -47,7 +48,15 @@ class StreamingBatches(IterableDataset):
     urls: brace pattern, path or list of shard URLs; each needs a sidecar
         (``streambatch index``), or pass ``index_missing=True`` for local files.
     max_batch_tokens, max_batch_size, planner, **planner_options: as for
-        ``make_plan``; each window is planned with them.
+        ``make_plan``; each window is planned with them. The planner defaults
+        to ``"bucketed"`` (streaming has no seed sampler to reproduce, and it
+        balances and pads best; ``DynamicBatchSampler`` keeps ``"greedy"``).
+    max_length, long_samples: samples longer than ``max_length`` (length
+        units, as in the sidecars) are never planned nor read
+        (``long_samples="drop"``: counted in ``num_too_long`` and
+        ``epoch_summary().too_long``, and logged) or make the constructor raise
+        naming the shard (``"raise"``; it reads every sidecar once). None
+        (default): no limit.
     window_samples: samples per planning window (consecutive shards are
         grouped until they hold this many). Larger windows shuffle more widely
         and balance better; memory is one window's sidecar arrays (~50 bytes
@@ -88,11 +97,11 @@ class StreamingBatches(IterableDataset):
     def __init__(self, urls: Any, max_batch_tokens: Any, max_batch_size: Any = 64, *,
                  window_samples: Any = None, read_mode: str | None = None, shuffle: bool = True,
                  drop_last: bool = False, seed: Any = 42,
-                 rank: Any = None, world_size: Any = None, planner: str = "greedy",
+                 rank: Any = None, world_size: Any = None, planner: str = RECOMMENDED,
                  index_dir: str | None = None, index_missing: bool = False, length_from: Any = None,
                  frames_per_second: Any = None, index_workers: Any = 1, decode: Any = None,
                  collate_fn: Callable | None = None, on_error: str = "raise", verify: bool = True,
-                 **planner_options: Any):
+                 max_length: Any = None, long_samples: str = "drop", **planner_options: Any):
         super().__init__()
         failure: BaseException | None = None
         world: Any = world_size
@@ -103,6 +112,7 @@ class StreamingBatches(IterableDataset):
             verify_shards = "full" if verify == "full" else "stat"
             self.verify = True if verify_shards == "full" else check_flag("verify", verify)
             rank, world = resolve_world(rank, world_size)
+            max_length, long_samples = check_max_length(max_length, long_samples)
             if read_mode is None:
                 read_mode = "sample" if all(is_local(u) for u in expand_urls(urls)) else "shard"
             read_mode = check_read_mode(read_mode)
@@ -110,7 +120,7 @@ class StreamingBatches(IterableDataset):
                 window_samples = default_window(read_mode, world)
             self.config = WindowConfig.build(max_batch_tokens, max_batch_size, world, shuffle, drop_last, seed,
                                              planner, planner_options, window_samples=window_samples,
-                                             read_mode=read_mode)
+                                             read_mode=read_mode, max_length=max_length)
             if on_error not in ("raise", "skip"):
                 raise ValueError(f"on_error must be 'raise' or 'skip', got {on_error!r}")
             if decode is not None and decode != "audio" and not callable(decode):
@@ -144,6 +154,9 @@ class StreamingBatches(IterableDataset):
                 self.fingerprint = self.config.fingerprint(self.catalog.fingerprint())
                 if self.catalog.num_samples == 0:
                     raise ValueError(f"the {len(self.catalog.urls)} shards hold no samples; check the shard list")
+                if long_samples == "raise":
+                    for i, url in enumerate(self.catalog.urls):
+                        too_long(self.catalog.lengths(i), max_length, long_samples, where=f" of shard {url}")
             except Exception as exc:
                 failure = exc
         if will_check(verify, world):
@@ -187,8 +200,17 @@ class StreamingBatches(IterableDataset):
         sidecars' lengths only (no tar is read). Cached per epoch."""
         epoch = self.epoch if epoch is None else check_epoch(epoch)
         if epoch not in self._summaries:
-            self._summaries[epoch] = summarize(self.catalog.counts, self.catalog.lengths, self.config, epoch)
+            self._summaries[epoch] = summary = summarize(self.catalog.counts, self.catalog.lengths, self.config,
+                                                         epoch)
+            if summary.too_long and not self._summaries.keys() - {epoch}:  # once per dataset, not per epoch
+                log.warning("StreamingBatches: %d of %d samples are longer than max_length=%d and are left out",
+                            summary.too_long, self.catalog.num_samples, self.config.max_length)
         return self._summaries[epoch]
+
+    @property
+    def num_too_long(self) -> int:
+        """Samples longer than ``max_length``, left out of every epoch."""
+        return self.epoch_summary().too_long
 
     def __len__(self) -> int:
         """Batches this rank (every rank) yields in the current epoch."""

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+import logging
 import numbers
 import sys
 import warnings
@@ -9,10 +11,13 @@ import weakref
 from collections.abc import Iterator
 from typing import Any
 
+import numpy as np
 from torch.utils.data import Sampler
 
 from ..core import state as S
 from ..core.config import PlanConfig, check_epoch
+from ..core.hashing import hash_array
+from ..core.long_samples import check_max_length, too_long
 from ..core.plan import Plan, RankBatches
 from ..core.state import differences, read_state, state_int
 from ..core.validation import check_flag, check_int, coerce_lengths
@@ -20,6 +25,7 @@ from ..planners import plan_epoch
 from .distributed import active, agree, resolve_world, will_check
 
 KIND = "DynamicBatchSampler"
+log = logging.getLogger("streambatch.sampler")
 
 
 class DynamicBatchSampler(Sampler[list[int]]):
@@ -46,12 +52,18 @@ class DynamicBatchSampler(Sampler[list[int]]):
             plan, epoch and start position, and raise on every rank if not (or
             if any rank failed to build its plan) instead of hanging. These
             calls are then collectives: make them on every rank.
+        max_length, long_samples: samples longer than ``max_length`` (length
+            units) are left out of every batch (``long_samples="drop"``,
+            counted in ``num_too_long`` and logged; ``len(dataset)`` is
+            unchanged, their indices just never appear) or make the
+            constructor raise (``"raise"``). None (default): no limit.
         **planner_options: options of the chosen planner.
     """
 
     def __init__(self, lengths: Any, max_batch_tokens: Any, max_batch_size: Any = 64, shuffle: Any = True,
                  drop_last: Any = False, rank: Any = 0, world_size: Any = 1, seed: Any = 42,
-                 *, planner: str = "greedy", verify: Any = True, **planner_options: Any):
+                 *, planner: str = "greedy", verify: Any = True, max_length: Any = None,
+                 long_samples: str = "drop", **planner_options: Any):
         failure = plan = None
         world: Any = world_size
         try:
@@ -60,8 +72,19 @@ class DynamicBatchSampler(Sampler[list[int]]):
             self.config = PlanConfig.build(max_batch_tokens, max_batch_size, world, shuffle, drop_last, seed,
                                            planner, planner_options)
             self.lengths = coerce_lengths(lengths)
+            self.max_length, self.long_samples = check_max_length(max_length, long_samples)
+            over = too_long(self.lengths, self.max_length, self.long_samples)
+            # Planned sample i is dataset index _kept[i]; None: every sample is planned.
+            self._kept = np.delete(np.arange(self.lengths.size), over) if over.size else None
+            self.num_too_long = int(over.size)
+            if over.size:
+                log.warning("DynamicBatchSampler: %d of %d samples are longer than max_length=%d and are left out "
+                            "of every batch", over.size, self.lengths.size, self.max_length)
             self._fingerprint = self.config.fingerprint(self.lengths)
-            plan = plan_epoch(self.lengths, self.config, 0)
+            if self.max_length is not None:  # part of the configuration only when set: old states still load
+                mark = np.array([self.max_length, self.long_samples == "raise"], dtype=np.int64)
+                self._fingerprint = int(hash_array(mark, np.uint64(self._fingerprint))) >> 1
+            plan = self._plan_epoch(0)
         except Exception as exc:  # re-raised below, after every rank has heard of it
             failure = exc
         self._plan_fp: int | None = None  # the plan's fingerprint, computed when a check needs it
@@ -89,6 +112,15 @@ class DynamicBatchSampler(Sampler[list[int]]):
     seed = property(lambda self: self.config.seed)
     planner = property(lambda self: self.config.planner)
     planner_options = property(lambda self: self.config.options)
+
+    def _plan_epoch(self, epoch: int) -> Plan:
+        """The plan of ``epoch``, in dataset indices (samples over max_length left out)."""
+        kept = self._kept
+        plan = plan_epoch(self.lengths if kept is None else self.lengths[kept], self.config, epoch)
+        if kept is not None:  # back to dataset indices
+            leftover = None if plan.leftover is None else kept[plan.leftover]
+            plan = dataclasses.replace(plan, samples=kept[plan.samples], leftover=leftover)
+        return plan
 
     def _checking(self) -> bool:
         return self.verify and active(self.world_size)
@@ -140,7 +172,7 @@ class DynamicBatchSampler(Sampler[list[int]]):
         try:
             epoch = check_epoch(epoch)
             if epoch != self.epoch:
-                plan = plan_epoch(self.lengths, self.config, epoch)
+                plan = self._plan_epoch(epoch)
             fp = self._fp(plan)
         except Exception as exc:
             failure = exc
@@ -221,7 +253,7 @@ class DynamicBatchSampler(Sampler[list[int]]):
                                  "lengths and sampler arguments of the run that saved it")
             epoch = check_epoch(state_int(s, S.EPOCH), "state['epoch']")
             if epoch != self.epoch:
-                plan = plan_epoch(self.lengths, self.config, epoch)
+                plan = self._plan_epoch(epoch)
             step = state_int(s, S.STEP)
             if step > plan.num_steps:
                 raise ValueError(f"state['step'] = {step} is beyond the {plan.num_steps} steps of epoch {epoch}; "
