@@ -238,10 +238,10 @@ def _streaming(rank, port, out, pattern, phase):
         ds.set_epoch(0)
         result["epoch0"] = [keys(b) for b in loader]
         ds.set_epoch(1)
-        head = []
+        head, k = [], len(ds) // 2
         for batch in loader:
             head.append(keys(batch))
-            if len(head) == K:
+            if len(head) == k:
                 acc.save_state(state_dir)
                 break
         result["head"] = head
@@ -261,6 +261,7 @@ def test_two_processes_streaming_resume(corpus, tmp_path):
     saved, loaded = read_ranks(tmp_path, "save{r}.json"), read_ranks(tmp_path, "load{r}.json")
     for r in range(WORLD):
         assert "accelerator.prepare" in saved[r]["prepared"]
+        assert saved[r]["head"] and loaded[r]["tail"]
         plain = StreamingBatches(pattern, rank=r, world_size=WORLD, **STREAM)
         plain.set_epoch(1)
         assert saved[r]["head"] + loaded[r]["tail"] == [[s["__key__"] for s in b] for b in plain]
