@@ -142,6 +142,8 @@ def _map_style(rank, port, out):
     dispatching = _accelerator(dispatch=True)
     result["dispatch"] = _errors(lambda: next(iter(dispatching.prepare(
         DataLoader(Echo(), batch_sampler=GlobalBatchSampler(naive), collate_fn=list)))))
+    result["naive dispatch"] = _errors(lambda: next(iter(dispatching.prepare(
+        DataLoader(Echo(), batch_sampler=naive, collate_fn=list)))))
     # the recipe: two epochs, with DataLoader workers
     s = DynamicBatchSampler(lengths(), BUDGET, CAP, rank=None, world_size=None)
     loader = _loader(acc, s, num_workers=2)
@@ -164,7 +166,7 @@ def test_two_processes_map_style(tmp_path):
     for r, res in enumerate(results):
         assert "GlobalBatchSampler" in res["naive"] and "already the batches of rank" in res["naive"]
         assert "every process would train on every batch" in res["unprepared"]
-        assert "dispatch_batches=True" in res["dispatch"]
+        assert "dispatch_batches=True" in res["dispatch"] and "dispatch_batches=True" in res["naive dispatch"]
         assert res["epochs"] == ref[r]
         assert res["skipped"] == ref[r][1][K:]
     for e in range(2):
