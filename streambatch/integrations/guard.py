@@ -14,6 +14,7 @@ imported, no wrapper can exist.
 from __future__ import annotations
 
 import sys
+from collections.abc import Iterator
 from typing import Any
 
 _ACCELERATE = "accelerate.data_loader"
@@ -21,7 +22,7 @@ _ACCELERATE = "accelerate.data_loader"
 # ~10 for DataLoaderDispatcher creating a multi-worker iterator.
 _DEPTH = 24
 
-ACCELERATE_RECIPE = ("see 'Using with accelerate / HF Trainer / Lightning' in the README")
+ACCELERATE_RECIPE = "see 'Using with accelerate / HF Trainer / Lightning' in the README"
 
 
 def _wrapper_types(*names: str) -> tuple[type, ...]:
@@ -31,7 +32,7 @@ def _wrapper_types(*names: str) -> tuple[type, ...]:
     return tuple(t for t in (getattr(module, n, None) for n in names) if isinstance(t, type))
 
 
-def _callers(frame) -> Any:
+def _callers(frame) -> Iterator[Any]:
     """The ``self`` of each calling frame, innermost first."""
     for _ in range(_DEPTH):
         if frame is None:
@@ -48,7 +49,7 @@ def accelerate_wrapper(frame, *names: str) -> Any:
     if not types:
         return None
     for owner in _callers(frame):
-        # type(), not isinstance(): accelerate's loaders override __class__
+        # type(): accelerate's loaders report the wrapped DataLoader's class as __class__
         if issubclass(type(owner), types):
             return owner
     return None
