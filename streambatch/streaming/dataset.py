@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import logging
 import multiprocessing.context
@@ -14,12 +15,16 @@ import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
 from ..planners import check_planner, make_plan
+from ..planners.elastic import Segments, check_segments, resize
 from ..torch_glue.distributed import check_same_everywhere, is_distributed, resolve_world
+from ..torch_glue.elastic import SharedSegments, dataset_state_from_loader, is_loader_state
 from ..core.validation import check_budget, check_flag, check_int, check_seed
 from .audio import decode_audio
 from .catalog import Catalog, open_catalog
 from .errors import ShardError
 from .reader import LocalReader, expand_urls, is_local, read_stream_regions
+from .replan import plain_inputs, plan_windows, summarize_windows
+from .sources import SourceCatalog, is_sources, mixed_inputs, open_sources
 from .tar import parse_sample
 from .window import EpochSummary, WindowConfig, iter_windows, summarize
 
@@ -50,6 +55,10 @@ class StreamingBatches(IterableDataset):
 
     urls: brace pattern, path or list of shard URLs; each needs a sidecar
         (``streambatch index``), or pass ``index_missing=True`` for local files.
+        Or a list of ``Source(urls, weight=...)`` to mix several corpora: each
+        window then holds every source in proportion (see ``sources.py``).
+    samples_per_epoch: with weighted sources, samples per epoch (default:
+        the sum of the sources' samples).
     max_batch_tokens, max_batch_size, planner, **planner_options: as for
         ``make_plan``; each window is planned with them.
     window_samples: samples per planning window (consecutive shards are
@@ -78,7 +87,7 @@ class StreamingBatches(IterableDataset):
                  index_dir: str | None = None, index_missing: bool = False, length_from: Any = None,
                  frames_per_second: Any = None, index_workers: Any = 1, decode: Any = None,
                  collate_fn: Callable | None = None, on_error: str = "raise", verify: bool = True,
-                 **planner_options: Any):
+                 samples_per_epoch: Any = None, **planner_options: Any):
         super().__init__()
         tokens = check_budget(max_batch_tokens)
         size = check_int("max_batch_size", max_batch_size, 1)
@@ -94,19 +103,30 @@ class StreamingBatches(IterableDataset):
         if collate_fn is not None and not callable(collate_fn):
             raise TypeError(f"collate_fn must be callable or None, got {type(collate_fn).__name__}")
         rank, world_size = resolve_world(rank, world_size)
+        mixed = is_sources(urls)
         url_hint = urls if isinstance(urls, str) else None
         if index_missing and is_distributed() and world_size > 1:
-            _index_share(urls, rank, world_size, index_dir, length_from, frames_per_second, index_workers)
+            lists = [(s.urls, s.index_dir or index_dir) for s in _as_list(urls)] if mixed else [(urls, index_dir)]
+            for u, d in lists:
+                _index_share(u, rank, world_size, d, length_from, frames_per_second, index_workers)
+        if samples_per_epoch is not None and not mixed:
+            raise ValueError("samples_per_epoch applies to a mix of Source(...) entries; for one shard list every "
+                             "sample is trained once per epoch")
+        self.sources: SourceCatalog | None = None
         self.config = WindowConfig(tokens, size, world_size, window, shuffle, drop_last, seed,
                                    planner, tuple(sorted(planner_options.items())))
         failure = None
         try:
-            self.catalog: Catalog = open_catalog(urls, index_dir=index_dir, index_missing=index_missing,
-                                                 length_from=length_from, frames_per_second=frames_per_second,
-                                                 index_workers=index_workers, url_hint=url_hint)
-            h = hashlib.blake2b(digest_size=8)
-            h.update((self.catalog.fingerprint() + repr(self.config.key())).encode())
-            self.fingerprint = h.hexdigest()
+            if mixed:
+                self.sources = open_sources(urls, samples_per_epoch=samples_per_epoch, index_dir=index_dir,
+                                            index_missing=index_missing, length_from=length_from,
+                                            frames_per_second=frames_per_second, index_workers=index_workers)
+                self.catalog: Catalog = self.sources.catalog
+            else:
+                self.catalog = open_catalog(urls, index_dir=index_dir, index_missing=index_missing,
+                                            length_from=length_from, frames_per_second=frames_per_second,
+                                            index_workers=index_workers, url_hint=url_hint)
+            self.fingerprint = self._fingerprint_at(world_size)
         except (OSError, ValueError, TypeError) as exc:
             failure = exc
         if verify:
@@ -132,12 +152,44 @@ class StreamingBatches(IterableDataset):
         make_plan(np.ones(world_size, dtype=np.int64), tokens, size, world_size, planner=planner,
                   **planner_options)
         self._shared = RawArray("q", [0, -1, 0])
-        self._summaries: dict[int, EpochSummary] = {}
+        self._segments = SharedSegments()  # elastic history of a resumed epoch
+        self._summaries: dict[tuple[int, Segments], EpochSummary] = {}
         self._pos: dict[str, Any] | None = None
         self._local_resume: dict[str, Any] | None = None
         self.num_skipped = 0
         self.bytes_read = 0  # tar bytes this process read (files and streams)
         self._stream_bytes = 0
+
+    def _fingerprint_at(self, world_size: int) -> str:
+        """The fingerprint of these shards and settings at ``world_size``."""
+        h = hashlib.blake2b(digest_size=8)
+        key = repr(dataclasses.replace(self.config, world_size=world_size).key())
+        if self.sources is not None:
+            key += self.sources.key()
+        h.update((self.catalog.fingerprint() + key).encode())
+        return h.hexdigest()
+
+    @property
+    def samples_per_epoch(self) -> int:
+        """Samples an epoch plans (the mix's quota sum, or every sample once)."""
+        return self.sources.mix.samples_per_epoch if self.sources is not None else self.catalog.num_samples
+
+    def _windows(self, epoch: int, segments: Segments = ()):
+        """The epoch's planned windows, at this world size after ``segments``."""
+        if self.sources is None and not segments:
+            return iter_windows(self.catalog.counts, self.catalog.lengths, self.config, epoch)
+        if self.sources is not None:
+            inputs = mixed_inputs(self.sources, self.config.window_samples, self.config.seed, epoch,
+                                  self.config.shuffle)
+        else:
+            inputs = plain_inputs(self.catalog.counts, self.catalog.lengths, self.config, epoch)
+        return plan_windows(inputs, self.config, epoch, segments)
+
+    def source_positions(self, epoch: Any = None) -> list[tuple[int, int]]:
+        """Mixing: per source, (cycle, sample position in it) at the start of
+        an epoch (default: the current one)."""
+        epoch = self.epoch if epoch is None else check_int("epoch", epoch, 0)
+        return self.sources.mix.positions(epoch) if self.sources is not None else [(epoch, 0)]
 
     # ------------------------------------------------------------ epochs
 
@@ -156,7 +208,8 @@ class StreamingBatches(IterableDataset):
         """Make the next pass over the current epoch start at this rank's
         ``start``-th batch (for resuming from a step count you saved)."""
         n = len(self)
-        start = check_int("start", start, 0, n)
+        base = sum(k for _, k in self._segments.get(self.epoch))
+        start = check_int("start", start, base, n)
         self._shared[_RESUME_EPOCH] = self.epoch
         self._shared[_RESUME_STEP] = start
 
@@ -164,9 +217,14 @@ class StreamingBatches(IterableDataset):
         """Steps, samples, padding and drops of an epoch, planned from the
         sidecars' lengths only (no tar is read). Cached per epoch."""
         epoch = self.epoch if epoch is None else check_int("epoch", epoch, 0)
-        if epoch not in self._summaries:
-            self._summaries[epoch] = summarize(self.catalog.counts, self.catalog.lengths, self.config, epoch)
-        return self._summaries[epoch]
+        segments = self._segments.get(epoch)
+        if (epoch, segments) not in self._summaries:
+            if self.sources is None and not segments:
+                summary = summarize(self.catalog.counts, self.catalog.lengths, self.config, epoch)
+            else:
+                summary = summarize_windows(self._windows(epoch, segments), self.samples_per_epoch, epoch)
+            self._summaries[(epoch, segments)] = summary
+        return self._summaries[(epoch, segments)]
 
     def __len__(self) -> int:
         """Batches this rank (every rank) yields in the current epoch."""
@@ -183,49 +241,89 @@ class StreamingBatches(IterableDataset):
         """
         pos = self._pos
         if pos is None or pos["epoch"] != self.epoch:
+            segments = self._segments.get(self.epoch)
             pending = self._shared[_RESUME_EPOCH] == self.epoch
-            pos = {"epoch": self.epoch, "step": int(self._shared[_RESUME_STEP]) if pending else 0,
-                   "worker": None, "num_workers": 0}
-        return {"version": STATE_VERSION, "epoch": int(pos["epoch"]), "step": int(pos["step"]),
-                "worker": pos["worker"], "num_workers": pos["num_workers"], "world_size": self.world_size,
-                "fingerprint": self.fingerprint, "skipped": self.num_skipped}
+            start = int(self._shared[_RESUME_STEP]) if pending else sum(k for _, k in segments)
+            pos = {"epoch": self.epoch, "step": start, "worker": None, "num_workers": 0, "segments": segments}
+        state = {"version": STATE_VERSION, "epoch": int(pos["epoch"]), "step": int(pos["step"]),
+                 "worker": pos["worker"], "num_workers": pos["num_workers"], "world_size": self.world_size,
+                 "fingerprint": self.fingerprint, "skipped": self.num_skipped}
+        if pos["segments"]:
+            # the epoch's runs at earlier world sizes: rank-independent, like all of the state
+            state["segments"] = [list(seg) for seg in pos["segments"]]
+        if self.sources is not None:
+            state["sources"] = [list(p) for p in self.source_positions(pos["epoch"])]
+        return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Resume where ``state`` was saved: the next pass over its epoch
         skips the steps already yielded, planning past them from the sidecar
-        lengths without reading their tar data."""
+        lengths without reading their tar data.
+
+        ``state`` is a ``state_dict()`` of any rank (they are equal), or, in
+        the main process, a torchdata ``StatefulDataLoader.state_dict()``.
+        Saved at another world size (elastic resume), the steps not yet run
+        are planned for this world (see ``replan.py``). With DataLoader
+        workers, the world's position is known only to the loader, not to
+        any one worker: load the loader's state here, in the main process,
+        before iterating (and optionally into the loader as well).
+        """
+        info = get_worker_info()
+        if info is None and is_loader_state(state):
+            state = dataset_state_from_loader(state)
         if not isinstance(state, dict) or state.get("version") != STATE_VERSION:
             raise ValueError(f"not a StreamingBatches state (version {STATE_VERSION}): {state!r:.200}")
-        if state["world_size"] != self.world_size:
-            raise ValueError(
-                f"state was saved with world_size={state['world_size']}, this run has world_size="
-                f"{self.world_size}; resume with the same number of ranks (the plan depends on it)"
-            )
-        if state["fingerprint"] != self.fingerprint:
+        saved_world = check_int("state['world_size']", state["world_size"], 1)
+        if state["fingerprint"] != self._fingerprint_at(saved_world):
             raise ValueError(
                 "state was saved for other shards, sidecars or settings (fingerprint "
-                f"{state['fingerprint']} != {self.fingerprint}); resume with the same shard list, sidecars, "
-                "max_batch_tokens, max_batch_size, window_samples, shuffle, drop_last, seed and planner"
+                f"{state['fingerprint']} != {self._fingerprint_at(saved_world)}); resume with the same shard list "
+                "(or sources), sidecars, max_batch_tokens, max_batch_size, window_samples, shuffle, drop_last, "
+                "seed and planner"
             )
         epoch = check_int("state['epoch']", state["epoch"], 0)
         step = check_int("state['step']", state["step"], 0)
-        info = get_worker_info()
-        if state["worker"] is not None:
-            if info is None or (info.id, info.num_workers) != (state["worker"], state["num_workers"]):
-                here = "the main process" if info is None else f"worker {info.id} of {info.num_workers}"
-                raise ValueError(
-                    f"state was saved by DataLoader worker {state['worker']} of {state['num_workers']} and is "
-                    f"being loaded in {here}; restore it through a StatefulDataLoader with "
-                    f"num_workers={state['num_workers']}, or save the main process's state instead"
-                )
-            self._local_resume = {"epoch": epoch, "step": step}
-        elif info is not None:  # a main-process state loaded inside a worker
-            self._local_resume = {"epoch": epoch, "step": step + info.id}
-        else:
+        segments = check_segments(state.get("segments"), "state['segments']")
+        base = sum(k for _, k in segments)
+        if step < base:
+            raise ValueError(f"state['step'] = {step} is below the {base} steps of its segments")
+        if state["worker"] is not None and (info is None or (info.id, info.num_workers) != (state["worker"],
+                                                                                             state["num_workers"])):
+            here = "the main process" if info is None else f"worker {info.id} of {info.num_workers}"
+            raise ValueError(
+                f"state was saved by DataLoader worker {state['worker']} of {state['num_workers']} and is "
+                f"being loaded in {here}; restore it through a StatefulDataLoader with "
+                f"num_workers={state['num_workers']}, or load the loader's whole state_dict() into the dataset "
+                "in the main process"
+            )
+        if info is None:
             self._shared[_EPOCH] = epoch
             self._shared[_RESUME_EPOCH] = epoch
             self._shared[_RESUME_STEP] = step
+            self._segments.set(epoch, resize(segments, saved_world, step, base, self.world_size))
+        else:
+            # this worker's next step (a start-up state is a main-process position)
+            nxt = step if state["worker"] is not None else step + info.id
+            if saved_world != self.world_size:
+                segments = self._prepared(epoch, segments, saved_world, nxt, info.num_workers)
+            self._local_resume = {"epoch": epoch, "step": nxt, "segments": segments}
         self._pos = None
+
+    def _prepared(self, epoch: int, segments: Segments, saved_world: int, nxt: int, workers: int) -> Segments:
+        """In a worker, the history of an elastic resume that the main process
+        loaded, checked against this worker's own saved position ``nxt``."""
+        have = self._segments.get(epoch)
+        n = len(segments)
+        ok = have[:n] == segments and (len(have) == n or (len(have) == n + 1 and have[n][0] == saved_world))
+        k = sum(s for _, s in have)
+        if not ok or not nxt - workers < k <= nxt:
+            raise ValueError(
+                f"this DataLoader worker got a state saved at world_size={saved_world} (this run: "
+                f"{self.world_size}); only the loader knows where that world stopped, so load the loader's whole "
+                "state into the dataset in the main process first: ds.load_state_dict(loader.state_dict() as "
+                "saved), then iterate a new StatefulDataLoader (restoring its state too is optional)"
+            )
+        return have
 
     # ------------------------------------------------------------ iteration
 
@@ -235,23 +333,26 @@ class StreamingBatches(IterableDataset):
         worker = info.id if info is not None else 0
         epoch = self.epoch
         if self._local_resume is not None:
-            epoch, start = self._local_resume["epoch"], self._local_resume["step"]
+            epoch, start, segments = (self._local_resume[k] for k in ("epoch", "step", "segments"))
             self._local_resume = None
-        elif self._shared[_RESUME_EPOCH] == epoch:
-            start = int(self._shared[_RESUME_STEP]) + worker
-            if info is None:  # the main process consumes a resume; workers cannot tell when all have
-                self._shared[_RESUME_EPOCH] = -1
         else:
-            start = worker
+            segments = self._segments.get(epoch)
+            if self._shared[_RESUME_EPOCH] == epoch:
+                start = int(self._shared[_RESUME_STEP]) + worker
+                if info is None:  # the main process consumes a resume; workers cannot tell when all have
+                    self._shared[_RESUME_EPOCH] = -1
+            else:
+                # an elastically resumed epoch: this world's steps start after the earlier worlds'
+                start = sum(k for _, k in segments) + worker
         self._pos = {"epoch": epoch, "step": start, "worker": None if info is None else worker,
-                     "num_workers": 0 if info is None else stride}
-        return self._generate(epoch, start, stride)
+                     "num_workers": 0 if info is None else stride, "segments": segments}
+        return self._generate(epoch, start, stride, segments)
 
-    def _generate(self, epoch: int, start: int, stride: int):
+    def _generate(self, epoch: int, start: int, stride: int, segments: Segments):
         reader = LocalReader()
         tables: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
         try:
-            for win in iter_windows(self.catalog.counts, self.catalog.lengths, self.config, epoch):
+            for win in self._windows(epoch, segments):
                 lo, hi = win.first_step, win.first_step + win.num_steps
                 first = start if lo <= start else start + -(-(lo - start) // stride) * stride
                 steps = range(first, hi, stride)
@@ -347,6 +448,7 @@ class StreamingBatches(IterableDataset):
     def __setstate__(self, state):
         if isinstance(state["_shared"], list):
             state["_shared"] = RawArray("q", state["_shared"])
+        state.setdefault("_segments", SharedSegments())  # pickled before elastic resume existed
         self.__dict__.update(state)
 
     def __repr__(self) -> str:
@@ -355,6 +457,10 @@ class StreamingBatches(IterableDataset):
                 f"max_batch_tokens={c.max_batch_tokens}, max_batch_size={c.max_batch_size}, "
                 f"rank={self.rank}, world_size={self.world_size}, window_samples={c.window_samples}, "
                 f"epoch={self.epoch})")
+
+
+def _as_list(sources: Any) -> list:
+    return list(sources) if isinstance(sources, (list, tuple)) else [sources]
 
 
 # ---------------------------------------------------------------- distributed

@@ -1,0 +1,131 @@
+"""Window planning with elastic segments (pure numpy): the streaming side of
+``planners/elastic.py``.
+
+An epoch's windows (``WindowInput``: the window's own samples) are planned
+one after another at the world size of the segment they fall in, each with
+the samples carried from the window before, exactly as ``window.iter_windows``
+does. When a segment ends inside a window (the run was saved after ``k``
+steps at world size ``W`` and resumed at ``W'``), the window's plan is cut
+after the steps already trained; the rest of the window, and what it carried
+in, is planned again for ``W'`` (seed drawn from (seed, epoch, window,
+piece)), and the epoch continues window by window at ``W'``. So every sample
+of the epoch is trained once, except the final step's counted padding or
+drop; every rank of each world takes the same number of steps. Without
+segments the windows equal ``iter_windows``'s, plan for plan.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..planners import make_plan
+from ..planners.elastic import Segments, remaining, truncate
+from .window import EpochSummary, Window, WindowConfig, shard_order, window_bounds, window_seed
+
+_U64 = 1 << 64
+_PIECE_TAG = 0x7069656365  # "piece"
+
+
+@dataclass(frozen=True)
+class WindowInput:
+    """One window's own samples before planning: (n,) int64 shard ids,
+    indices within each shard's sidecar, and planning lengths."""
+
+    index: int
+    ids: np.ndarray
+    local: np.ndarray
+    lengths: np.ndarray
+    last: bool
+
+
+def plain_inputs(counts: np.ndarray, load_lengths: Callable[[int], np.ndarray], config: WindowConfig,
+                 epoch: int) -> Iterator[WindowInput]:
+    """The windows of ``iter_windows`` (shuffled shard order, cut into
+    windows of ``window_samples``), unplanned."""
+    order = shard_order(counts.shape[0], config.seed, epoch, config.shuffle)
+    bounds = window_bounds(counts[order], config.window_samples)
+    nwin = bounds.shape[0] - 1
+    for j in range(nwin):
+        shards = order[bounds[j] : bounds[j + 1]]
+        lens = [np.asarray(load_lengths(int(s)), dtype=np.int64) for s in shards]
+        none = np.zeros(0, dtype=np.int64)
+        ids = np.concatenate([none] + [np.full(x.shape[0], s, dtype=np.int64) for s, x in zip(shards, lens)])
+        local = np.concatenate([none] + [np.arange(x.shape[0], dtype=np.int64) for x in lens])
+        yield WindowInput(j, ids, local, np.concatenate([none] + lens), j == nwin - 1)
+
+
+def piece_seed(seed: int, epoch: int, window: int, piece: int) -> int:
+    """Planner seed of piece ``piece`` of a window: the window's own seed for
+    piece 0 (as ``iter_windows``), a fresh one for each replanned rest."""
+    if piece == 0:
+        return window_seed(seed, epoch, window)
+    words = np.random.SeedSequence([seed % _U64, epoch, window + 1, piece, _PIECE_TAG]).generate_state(2, np.uint32)
+    return (int(words[0]) << 31) ^ int(words[1])
+
+
+def plan_windows(inputs: Iterator[WindowInput], config: WindowConfig, epoch: int, segments: Segments = ()
+                 ) -> Iterator[Window]:
+    """Plan an epoch's windows; ``segments`` are the finished (world_size,
+    steps) runs, the current world is ``config.world_size``.
+
+    Yields the planned windows in step order. A window cut by a segment end
+    is yielded as two or more pieces: the trained steps (a truncated plan)
+    and the replanned rest (pieces share the window's index).
+    """
+    options = dict(config.planner_options)
+    none = np.zeros(0, dtype=np.int64)
+    carry_ids = carry_local = carry_len = none
+    step = 0
+    seg = 0
+    seg_end = segments[0][1] if segments else None  # epoch step where the current segment ends
+
+    def world() -> int:
+        return segments[seg][0] if seg < len(segments) else config.world_size
+
+    for win in inputs:
+        ids = np.concatenate([carry_ids, win.ids])
+        local = np.concatenate([carry_local, win.local])
+        lengths = np.concatenate([carry_len, win.lengths])
+        piece = 0
+        while True:
+            # a segment that ended on a window boundary: move to the next world
+            while seg_end is not None and step == seg_end:
+                seg += 1
+                seg_end = step + segments[seg][1] if seg < len(segments) else None
+            plan = make_plan(lengths, config.max_batch_tokens, config.max_batch_size, world(),
+                             shuffle=config.shuffle, drop_last=config.drop_last if win.last else True,
+                             seed=piece_seed(config.seed, epoch, win.index, piece), epoch=0, planner=config.planner,
+                             **options)
+            if seg_end is None or step + plan.num_steps <= seg_end:
+                break
+            cut = seg_end - step
+            if cut > 0:
+                yield Window(win.index, step, truncate(plan, cut), ids, local, False)
+            rest = remaining(np.arange(lengths.shape[0], dtype=np.int64), plan, cut)
+            ids, local, lengths = ids[rest], local[rest], lengths[rest]
+            step += cut
+            piece += 1
+        left = plan.leftover if plan.leftover is not None else none
+        if not win.last:
+            carry_ids, carry_local, carry_len = ids[left], local[left], lengths[left]
+        yield Window(win.index, step, plan, ids, local, win.last)
+        step += plan.num_steps
+    if seg_end is not None and step < seg_end:
+        raise ValueError(f"elastic segment {seg} ends at step {seg_end} but the epoch has only {step} steps; "
+                         "the state does not belong to these shards and settings")
+
+
+def summarize_windows(windows: Iterator[Window], samples: int, epoch: int) -> EpochSummary:
+    """An EpochSummary of planned windows; ``samples``: the epoch's samples
+    (before drop). ``window_steps`` counts every planned piece."""
+    steps = padded = dropped = 0
+    per_window = []
+    for w in windows:
+        steps += w.num_steps
+        per_window.append(w.num_steps)
+        if w.last:
+            padded, dropped = w.plan.num_padded, w.plan.num_dropped
+    return EpochSummary(epoch, steps, samples - dropped, padded, dropped, tuple(per_window))
