@@ -28,6 +28,7 @@ from typing import Any
 import numpy as np
 
 from ..core.plan import Plan
+from .interleave import interleave_steps
 
 _U64 = 1 << 64
 _SEGMENT_TAG = 0x656C6173  # "elas": keeps these seeds apart from window and mix seeds
@@ -110,18 +111,26 @@ def remaining(pool: np.ndarray, plan: Plan, steps: int) -> np.ndarray:
 
 
 def plan_segments(lengths: np.ndarray, plan_fn: PlanFn, world_size: int, segments: Segments, seed: int,
-                  epoch: int) -> tuple[Plan, int]:
+                  epoch: int, labels: np.ndarray | None = None, num_sources: int = 1) -> tuple[Plan, int]:
     """The current segment's plan and the epoch step it starts at.
 
     lengths: (N,) int64 lengths of the epoch's samples; the returned plan's
     samples index them. ``segments`` are the finished (world_size, steps)
-    segments; the current one runs at ``world_size``. Raises ValueError if a
-    segment claims more steps than its plan has (the history does not belong
-    to these lengths and settings).
+    segments; the current one runs at ``world_size``. labels: (N,) int64
+    source of each sample of a mix, whose steps are then interleaved by
+    source (``interleave.py``). Raises ValueError if a segment claims more
+    steps than its plan has (the history does not belong to these lengths
+    and settings).
     """
-    first_world = segments[0][0] if segments else world_size
-    plan = plan_fn(lengths, first_world, seed, epoch)
-    pool = np.arange(lengths.shape[0], dtype=np.int64)
+    def make(pool: np.ndarray | None, world: int, seed: int, epoch: int) -> Plan:
+        # pool None: every sample (no copies of the lengths, no remapping)
+        plan = plan_fn(lengths if pool is None else lengths[pool], world, seed, epoch)
+        if labels is not None:
+            plan = interleave_steps(plan, labels if pool is None else labels[pool], num_sources)
+        return plan if pool is None else remap(plan, pool)
+
+    plan = make(None, segments[0][0] if segments else world_size, seed, epoch)
+    pool = np.arange(lengths.shape[0], dtype=np.int64) if segments else None
     base = 0
     for j, (w, k) in enumerate(segments):
         if k > plan.num_steps:
@@ -129,6 +138,6 @@ def plan_segments(lengths: np.ndarray, plan_fn: PlanFn, world_size: int, segment
                              f"{plan.num_steps}; the state does not belong to these lengths and settings")
         pool = remaining(pool, plan, k)
         base += k
-        nxt = segments[j + 1][0] if j + 1 < len(segments) else world_size
-        plan = remap(plan_fn(lengths[pool], nxt, segment_seed(seed, epoch, j + 1), 0), pool)
+        plan = make(pool, segments[j + 1][0] if j + 1 < len(segments) else world_size,
+                    segment_seed(seed, epoch, j + 1), 0)
     return plan, base

@@ -4,8 +4,10 @@ segments (``elastic``) composed.
 
 The epoch's samples are the whole dataset, or the mix's draw for the epoch;
 they are planned by the ordinary planner as one set (so mixed steps are
-balanced and budgeted like any other), then cut into segments if the world
-size changed mid-epoch.
+balanced and budgeted like any other), a mix's steps are ordered so that
+every stretch of training holds the sources in proportion
+(``interleave.py``), and the epoch is cut into segments if the world size
+changed mid-epoch.
 """
 
 from __future__ import annotations
@@ -51,5 +53,6 @@ def plan_epoch_steps(lengths: np.ndarray, plan_fn: PlanFn, world_size: int, seed
         plan, base = plan_segments(lengths, plan_fn, world_size, segments, seed, epoch)
         return EpochPlan(plan, base)
     drawn = mix.draw(seed, epoch, shuffle)
-    plan, base = plan_segments(lengths[drawn], plan_fn, world_size, segments, seed, epoch)
+    plan, base = plan_segments(lengths[drawn], plan_fn, world_size, segments, seed, epoch,
+                               labels=mix.source_of(drawn), num_sources=mix.num_sources)
     return EpochPlan(remap(plan, drawn), base)

@@ -24,7 +24,7 @@ from .catalog import Catalog, open_catalog
 from .errors import ShardError
 from .reader import LocalReader, expand_urls, is_local, read_stream_regions
 from .replan import plain_inputs, plan_windows, summarize_windows
-from .sources import SourceCatalog, is_sources, mixed_inputs, open_sources
+from .sources import SourceCatalog, is_sources, mixed_inputs, open_sources, source_of_shards
 from .tar import parse_sample
 from .window import EpochSummary, WindowConfig, iter_windows, summarize
 
@@ -178,12 +178,13 @@ class StreamingBatches(IterableDataset):
         """The epoch's planned windows, at this world size after ``segments``."""
         if self.sources is None and not segments:
             return iter_windows(self.catalog.counts, self.catalog.lengths, self.config, epoch)
-        if self.sources is not None:
-            inputs = mixed_inputs(self.sources, self.config.window_samples, self.config.seed, epoch,
-                                  self.config.shuffle)
-        else:
-            inputs = plain_inputs(self.catalog.counts, self.catalog.lengths, self.config, epoch)
-        return plan_windows(inputs, self.config, epoch, segments)
+        if self.sources is None:
+            return plan_windows(plain_inputs(self.catalog.counts, self.catalog.lengths, self.config, epoch),
+                                self.config, epoch, segments)
+        sc = self.sources
+        inputs = mixed_inputs(sc, self.config.window_samples, self.config.seed, epoch, self.config.shuffle)
+        return plan_windows(inputs, self.config, epoch, segments, lambda ids: source_of_shards(sc, ids),
+                            sc.mix.num_sources)
 
     def source_positions(self, epoch: Any = None) -> list[tuple[int, int]]:
         """Mixing: per source, (cycle, sample position in it) at the start of

@@ -23,6 +23,7 @@ import numpy as np
 
 from ..planners import make_plan
 from ..planners.elastic import Segments, remaining, truncate
+from ..planners.interleave import interleave_steps
 from .window import EpochSummary, Window, WindowConfig, shard_order, window_bounds, window_seed
 
 _U64 = 1 << 64
@@ -66,10 +67,13 @@ def piece_seed(seed: int, epoch: int, window: int, piece: int) -> int:
     return (int(words[0]) << 31) ^ int(words[1])
 
 
-def plan_windows(inputs: Iterator[WindowInput], config: WindowConfig, epoch: int, segments: Segments = ()
+def plan_windows(inputs: Iterator[WindowInput], config: WindowConfig, epoch: int, segments: Segments = (),
+                 source_of: Callable[[np.ndarray], np.ndarray] | None = None, num_sources: int = 1
                  ) -> Iterator[Window]:
     """Plan an epoch's windows; ``segments`` are the finished (world_size,
-    steps) runs, the current world is ``config.world_size``.
+    steps) runs, the current world is ``config.world_size``. With
+    ``source_of`` (shard ids -> source of each sample) a mixed window's steps
+    are interleaved by source (``planners/interleave.py``).
 
     Yields the planned windows in step order. A window cut by a segment end
     is yielded as two or more pieces: the trained steps (a truncated plan)
@@ -99,6 +103,8 @@ def plan_windows(inputs: Iterator[WindowInput], config: WindowConfig, epoch: int
                              shuffle=config.shuffle, drop_last=config.drop_last if win.last else True,
                              seed=piece_seed(config.seed, epoch, win.index, piece), epoch=0, planner=config.planner,
                              **options)
+            if source_of is not None:
+                plan = interleave_steps(plan, source_of(ids), num_sources)
             if seg_end is None or step + plan.num_steps <= seg_end:
                 break
             cut = seg_end - step
