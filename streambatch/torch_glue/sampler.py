@@ -108,12 +108,15 @@ class DynamicBatchSampler(Sampler[list[int]]):
         return make_plan(lengths, self.max_batch_tokens, self.max_batch_size, world_size, self.shuffle,
                          self.drop_last, seed, epoch, self.planner, **self.planner_options)
 
-    def _make_plan(self) -> Plan:
+    def _make_plan(self, segments: Segments | None = None) -> Plan:
+        """Plan the current epoch (after ``segments``, default the current
+        history); sets ``_base`` and, if given, ``_segments`` once it succeeded."""
+        segs = self._segments if segments is None else segments
         ep = plan_epoch_steps(self.lengths, self._plan_fn, self.world_size, self.seed, self.epoch, mix=self.mix,
-                              shuffle=self.shuffle, segments=self._segments)
+                              shuffle=self.shuffle, segments=segs)
         if self.verify:
             check_same_everywhere(ep.plan.fingerprint() ^ ep.base, f"the plan of epoch {self.epoch}")
-        self._base = ep.base
+        self._base, self._segments = ep.base, segs
         return ep.plan
 
     def source_positions(self) -> list[tuple[int, int]]:
@@ -224,7 +227,11 @@ class DynamicBatchSampler(Sampler[list[int]]):
         # Elastic: a state from another world size records the saver's run as
         # a finished segment; the rest of the epoch is planned for this world.
         segments = resize(segments, saved_world, step, base, self.world_size)
-        self.epoch = epoch
-        self._segments = segments
-        self.plan = self._make_plan()
+        old_epoch, self.epoch = self.epoch, epoch
+        try:
+            plan = self._make_plan(segments)
+        except ValueError:
+            self.epoch = old_epoch
+            raise
+        self.plan = plan
         self.set_start_batch(step)
