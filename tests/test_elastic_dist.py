@@ -116,7 +116,7 @@ def test_resize_mid_epoch(corpus, tmp_path, old, new, steps, workers):
     # every old rank saved the same position: any one of them resumes the new job
     sampler_states = [o["ckpt"]["map"]["_snapshot"]["_main_snapshot"]["_index_sampler_state"] if workers else
                       o["ckpt"]["map"]["_index_sampler_state"] for o in olds]
-    assert all(s == sampler_states[0] for s in sampler_states) and sampler_states[0]["batches_consumed"] == steps[0]
+    assert all(s == sampler_states[0] for s in sampler_states) and sampler_states[0]["step"] == steps[0]
     for kind, universe in (("map", list(range(N_MAP))), ("stream", corpus[1])):
         tails = [n[0][kind] for n in news]
         assert all(n[0] == n[1] for n in news)  # resuming twice: the same batches

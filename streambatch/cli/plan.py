@@ -8,6 +8,7 @@ the report is ``streambatch.report``'s.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import re
@@ -121,34 +122,34 @@ def load_mix(args: argparse.Namespace) -> tuple[np.ndarray, str, float | None, A
 
 
 def run_plan(args: argparse.Namespace) -> int:
-    from ..planners import make_plan
+    from ..core.config import PlanConfig
+    from ..planners import make_plan, plan_epoch
     from ..planners.epoch import plan_epoch_steps
     from .report import (check_figure_path, format_mix, format_quality, histogram, mix_shares, plan_batches,
                          plot_plan, quality, seconds_label)
 
-    if args.plot:
-        check_figure_path(args.plot)
+    plot = check_figure_path(args.plot) if args.plot else None
+    options = dict(args.planner_option)
+    config = PlanConfig.build(args.max_batch_tokens, args.max_batch_size, args.world_size, not args.no_shuffle,
+                              args.drop_last, args.seed, args.planner, options)
     mix = None
     if args.mix:
         lengths, source, fps, mix, names = load_mix(args)
     elif not args.inputs:
         raise ValueError("give one or more INPUTs, or --mix SOURCE:WEIGHT ... to plan a weighted mix")
+    elif args.samples_per_epoch is not None:
+        raise ValueError("--samples-per-epoch applies to --mix")
     else:
-        if args.samples_per_epoch is not None:
-            raise ValueError("--samples-per-epoch applies to --mix")
         lengths, source, fps = load_inputs(args.inputs, args.field, args.frames_per_second, args.index_dir)
-    options = dict(args.planner_option)
     # Load the compiled planner first, so the time below is planning only.
-    make_plan(np.ones(args.world_size, dtype=np.int64), args.max_batch_tokens, args.max_batch_size,
-              args.world_size, planner=args.planner, **options)
+    make_plan(np.ones(args.world_size, dtype=np.int64), config)
 
     def plan_fn(lens: np.ndarray, world: int, seed: int, epoch: int):
-        return make_plan(lens, args.max_batch_tokens, args.max_batch_size, world, shuffle=not args.no_shuffle,
-                         drop_last=args.drop_last, seed=seed, epoch=epoch, planner=args.planner, **options)
+        return plan_epoch(lens, dataclasses.replace(config, world_size=world, seed=seed), epoch)
 
     t = time.perf_counter()
     if mix is None:
-        plan = plan_fn(lengths, args.world_size, args.seed, args.epoch)
+        plan = make_plan(lengths, config, epoch=args.epoch)
     else:
         plan = plan_epoch_steps(lengths, plan_fn, args.world_size, args.seed, args.epoch, mix=mix,
                                 shuffle=not args.no_shuffle).plan
@@ -193,10 +194,10 @@ def run_plan(args: argparse.Namespace) -> int:
         unit = "frames" if fps else "length units"
         print(f"\nsample length ({unit}{', seconds' if fps else ''})")
         print("\n".join(histogram(held, label=seconds_label(fps))))
-    if args.plot:
-        plot_plan(args.plot, batches, args.max_batch_tokens, args.max_batch_size,
+    if plot:
+        plot_plan(plot, batches, args.max_batch_tokens, args.max_batch_size,
                   title=f"{source}: {args.planner}, budget {args.max_batch_tokens:,}, W={args.world_size}")
-        print(f"\nwrote {args.plot}", file=sys.stderr if args.json else sys.stdout)
+        print(f"\nwrote {plot}", file=sys.stderr if args.json else sys.stdout)
     return 0
 
 

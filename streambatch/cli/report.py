@@ -239,15 +239,27 @@ def format_mix(names: Sequence[str], mix: Any, shares: tuple[np.ndarray, np.ndar
 # ---------------------------------------------------------------- figures
 
 
-def check_figure_path(path: str) -> None:
-    """Fail before the work, not after it, when a figure cannot be written."""
+def check_figure_path(path: str) -> str:
+    """Fail before the work, not after it, when a figure cannot be written;
+    return the path it will be written to."""
     try:
-        import matplotlib  # noqa: F401
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
     except ImportError:
         raise ImportError("plotting needs matplotlib: pip install 'streambatch[plot]'") from None
+    if os.path.isdir(path):
+        raise IsADirectoryError(errno.EISDIR, "is a directory: name the figure file, e.g. "
+                                f"{os.path.join(path, 'plan.png')}", path)
+    kinds = sorted(FigureCanvasAgg.get_supported_filetypes())
+    ext = os.path.splitext(path)[1].lower().lstrip(".")
+    if ext not in kinds:
+        raise ValueError(f"cannot tell the figure format of {path!r} from its extension; end it in .png, .pdf "
+                         f"or .svg (any of {', '.join('.' + k for k in kinds)})")
     folder = os.path.dirname(os.path.abspath(path))
     if not os.path.isdir(folder):
         raise FileNotFoundError(errno.ENOENT, "no such directory to write the figure in", path)
+    if not os.access(folder, os.W_OK) or (os.path.exists(path) and not os.access(path, os.W_OK)):
+        raise PermissionError(errno.EACCES, "cannot write the figure there", path)
+    return path
 
 
 def _figure(nrows: int, ncols: int, size: tuple[float, float]):

@@ -3,38 +3,35 @@
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import logging
-import multiprocessing.context
 from collections.abc import Callable
-from multiprocessing.sharedctypes import RawArray
 from typing import Any
 
 import numpy as np
 import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
-from ..planners import check_planner, make_plan
-from ..planners.elastic import Segments, check_segments, resize
-from ..torch_glue.distributed import check_same_everywhere, is_distributed, resolve_world
+from ..core import state as S
+from ..core.config import check_epoch
+from ..core.validation import check_flag, check_int
+from ..core.plan import config_fingerprint
+from ..planners import plan_epoch
+from ..planners.elastic import Segments, resize
+from ..torch_glue.distributed import active, agree, guess_world, is_distributed, resolve_world, will_check
 from ..torch_glue.elastic import SharedSegments, dataset_state_from_loader, is_loader_state
-from ..core.validation import check_budget, check_flag, check_int, check_seed
+from .affinity import warm_up as warm_up_affine
 from .audio import decode_audio
 from .catalog import Catalog, open_catalog
 from .errors import ShardError
+from .position import SharedState, read_position
 from .reader import LocalReader, expand_urls, is_local, read_stream_regions
 from .replan import plain_inputs, plan_windows, summarize_windows
 from .sources import SourceCatalog, is_sources, mixed_inputs, open_sources, source_of_shards
 from .tar import parse_sample
-from .window import EpochSummary, WindowConfig, iter_windows, summarize
+from .window import EpochSummary, WindowConfig, check_read_mode, default_window, iter_windows, summarize
 
 log = logging.getLogger("streambatch.streaming")
 
-STATE_VERSION = 1
-# Shared block: [epoch, resume epoch (-1: none), resume step]. Lives in shared
-# memory so that set_epoch / load_state_dict in the main process reach
-# persistent DataLoader workers, which hold copies of the dataset.
-_EPOCH, _RESUME_EPOCH, _RESUME_STEP = 0, 1, 2
 
 
 class StreamingBatches(IterableDataset):
@@ -56,7 +53,9 @@ class StreamingBatches(IterableDataset):
     urls: brace pattern, path or list of shard URLs; each needs a sidecar
         (``streambatch index``), or pass ``index_missing=True`` for local files.
         Or a list of ``Source(urls, weight=...)`` to mix several corpora: each
-        window then holds every source in proportion (see ``sources.py``).
+        epoch takes every source's quota, read in cycles (every sample once
+        per cycle), and each window holds the sources in proportion (see
+        ``sources.py``; sample read mode).
     samples_per_epoch: with weighted sources, samples per epoch (default:
         the sum of the sources' samples).
     max_batch_tokens, max_batch_size, planner, **planner_options: as for
@@ -64,9 +63,21 @@ class StreamingBatches(IterableDataset):
     window_samples: samples per planning window (consecutive shards are
         grouped until they hold this many). Larger windows shuffle more widely
         and balance better; memory is one window's sidecar arrays (~50 bytes
-        per sample) per process. The default balances steps at >= 0.95 for
-        audio-like lengths.
-    rank, world_size: default to ``torch.distributed`` when initialised, else 0/1.
+        per sample) per process. The default (None: 20,000; in shard mode
+        max(20,000, 2,500 x W)) balances steps at >= 0.95 for audio-like
+        lengths.
+    read_mode: ``"sample"`` (each window planned across all ranks; a rank
+        reads its own samples by offset: for local files, where seeks are
+        free), ``"shard"`` (each rank trains on a contiguous piece of the
+        window's shards, which it alone streams: each byte crosses the
+        network once per epoch across the job; see ``affinity.py``) or None
+        (the default): ``"sample"`` when every URL is a local file,
+        ``"shard"`` otherwise. Shard mode plans with its own walk: ``planner``
+        is not used there, and ``planner_options`` are the bucketed
+        planner's (``cost``, ``max_step_cost``).
+    rank, world_size: default to ``torch.distributed`` when initialised, else
+        0/1 (an error when a launcher started several processes, or with
+        ``rank=None`` and ``world_size > 1``).
     length_from, frames_per_second: how lengths are computed when indexing on
         the fly; if given, sidecars made another way count as stale.
     decode: None (raw bytes), ``"audio"`` (audio -> (float32 tensor (C, T),
@@ -75,104 +86,135 @@ class StreamingBatches(IterableDataset):
         read or decoded is logged, counted in ``num_skipped`` and left out of
         its batch; the batch is still yielded (possibly empty), so every rank
         takes the same steps.
-    verify: when ``torch.distributed`` is initialised, all-reduce a
-        fingerprint of shards, sidecars and config once at construction and
-        raise on every rank if any rank differs (no collectives afterwards,
-        none in DataLoader workers).
+    verify: when ``torch.distributed`` is initialised and world_size > 1,
+        all-reduce a fingerprint of shards, sidecars and config at
+        construction and raise on every rank if any rank differs or failed
+        to build its dataset; a main-process ``load_state_dict`` checks the
+        same way that all ranks resume at the same position. No other
+        collectives, none in DataLoader workers. ``"full"`` also re-hashes
+        every shard and compares it with the content digest taken when it was
+        indexed (catches any edit; reads every byte once), instead of the cheap
+        size/mtime check.
     """
 
     def __init__(self, urls: Any, max_batch_tokens: Any, max_batch_size: Any = 64, *,
-                 window_samples: Any = 20_000, shuffle: bool = True, drop_last: bool = False, seed: Any = 42,
+                 window_samples: Any = None, read_mode: str | None = None, shuffle: bool = True,
+                 drop_last: bool = False, seed: Any = 42,
                  rank: Any = None, world_size: Any = None, planner: str = "greedy",
                  index_dir: str | None = None, index_missing: bool = False, length_from: Any = None,
                  frames_per_second: Any = None, index_workers: Any = 1, decode: Any = None,
                  collate_fn: Callable | None = None, on_error: str = "raise", verify: bool = True,
                  samples_per_epoch: Any = None, **planner_options: Any):
         super().__init__()
-        tokens = check_budget(max_batch_tokens)
-        size = check_int("max_batch_size", max_batch_size, 1)
-        window = check_int("window_samples", window_samples, 1)
-        seed = check_seed(seed)
-        shuffle, drop_last = check_flag("shuffle", shuffle), check_flag("drop_last", drop_last)
-        index_missing, verify = check_flag("index_missing", index_missing), check_flag("verify", verify)
-        check_planner(planner)
-        if on_error not in ("raise", "skip"):
-            raise ValueError(f"on_error must be 'raise' or 'skip', got {on_error!r}")
-        if decode is not None and decode != "audio" and not callable(decode):
-            raise ValueError(f"decode must be None, 'audio' or a function of a sample dict, got {decode!r}")
-        if collate_fn is not None and not callable(collate_fn):
-            raise TypeError(f"collate_fn must be callable or None, got {type(collate_fn).__name__}")
-        rank, world_size = resolve_world(rank, world_size)
-        mixed = is_sources(urls)
-        url_hint = urls if isinstance(urls, str) else None
-        if index_missing and is_distributed() and world_size > 1:
-            lists = [(s.urls, s.index_dir or index_dir) for s in _as_list(urls)] if mixed else [(urls, index_dir)]
-            for u, d in lists:
-                _index_share(u, rank, world_size, d, length_from, frames_per_second, index_workers)
-        if samples_per_epoch is not None and not mixed:
-            raise ValueError("samples_per_epoch applies to a mix of Source(...) entries; for one shard list every "
-                             "sample is trained once per epoch")
+        failure: BaseException | None = None
+        world: Any = world_size
         self.sources: SourceCatalog | None = None
-        self.config = WindowConfig(tokens, size, world_size, window, shuffle, drop_last, seed,
-                                   planner, tuple(sorted(planner_options.items())))
-        failure = None
+        mixed = False
         try:
+            mixed = is_sources(urls)
+            if samples_per_epoch is not None and not mixed:
+                raise ValueError("samples_per_epoch applies to a mix of Source(...) entries; with one shard list "
+                                 "every sample is trained once per epoch")
+            index_missing = check_flag("index_missing", index_missing)
+            if isinstance(verify, str) and verify != "full":
+                raise TypeError(f"verify must be True, False or 'full', got {verify!r}")
+            verify_shards = "full" if verify == "full" else "stat"
+            self.verify = True if verify_shards == "full" else check_flag("verify", verify)
+            rank, world = resolve_world(rank, world_size)
             if mixed:
-                self.sources = open_sources(urls, samples_per_epoch=samples_per_epoch, index_dir=index_dir,
-                                            index_missing=index_missing, length_from=length_from,
-                                            frames_per_second=frames_per_second, index_workers=index_workers)
-                self.catalog: Catalog = self.sources.catalog
+                if read_mode not in (None, "sample"):
+                    raise ValueError(f"mixed sources are streamed with read_mode='sample', got {read_mode!r}")
+                read_mode = "sample"
+            if read_mode is None:
+                read_mode = "sample" if all(is_local(u) for u in expand_urls(urls)) else "shard"
+            read_mode = check_read_mode(read_mode)
+            if window_samples is None:
+                window_samples = default_window(read_mode, world)
+            self.config = WindowConfig.build(max_batch_tokens, max_batch_size, world, shuffle, drop_last, seed,
+                                             planner, planner_options, window_samples=window_samples,
+                                             read_mode=read_mode)
+            if on_error not in ("raise", "skip"):
+                raise ValueError(f"on_error must be 'raise' or 'skip', got {on_error!r}")
+            if decode is not None and decode != "audio" and not callable(decode):
+                raise ValueError(f"decode must be None, 'audio' or a function of a sample dict, got {decode!r}")
+            if collate_fn is not None and not callable(collate_fn):
+                raise TypeError(f"collate_fn must be callable or None, got {type(collate_fn).__name__}")
+            # Load the compiled planner now, so DataLoader workers forked later
+            # inherit it instead of each loading (or compiling) it again.
+            c = self.config
+            if read_mode == "shard":
+                warm_up_affine(c.max_batch_tokens, c.max_batch_size, world, c.options)
             else:
-                self.catalog = open_catalog(urls, index_dir=index_dir, index_missing=index_missing,
-                                            length_from=length_from, frames_per_second=frames_per_second,
-                                            index_workers=index_workers, url_hint=url_hint)
-            self.fingerprint = self._fingerprint_at(world_size)
-        except (OSError, ValueError, TypeError) as exc:
+                plan_epoch(np.ones(world, dtype=np.int64), c, 0)
+        except Exception as exc:  # re-raised below, after every rank has heard of it
             failure = exc
-        if verify:
-            # A rank that failed to open its sidecars still joins the check
-            # (with fingerprint 0), so the others raise too instead of hanging.
+        if index_missing not in (False, 0, None) and is_distributed() and guess_world(world) > 1:
+            # Each rank indexes its share; the agreement doubles as the barrier
+            # after it, and carries any rank's failure to all ranks.
+            if failure is None:
+                try:
+                    for u, d in ([(x.urls, x.index_dir or index_dir) for x in _as_list(urls)] if mixed
+                                 else [(urls, index_dir)]):
+                        _index_share(u, rank, world, d, length_from, frames_per_second, index_workers)
+                except Exception as exc:
+                    failure = exc
+            agree({"fingerprint": 0}, "indexing the missing shards", failure)
+        if failure is None:
             try:
-                check_same_everywhere(0 if failure else int(self.fingerprint, 16) >> 1,
-                                      "the streaming plan (shard list, sidecars or streaming settings)")
-            except ValueError:
-                if failure is None:
-                    raise
-        if failure is not None:
+                if mixed:
+                    self.sources = open_sources(urls, samples_per_epoch=samples_per_epoch, index_dir=index_dir,
+                                                index_missing=index_missing, length_from=length_from,
+                                                frames_per_second=frames_per_second, index_workers=index_workers,
+                                                verify=verify_shards)
+                    self.catalog: Catalog = self.sources.catalog
+                else:
+                    self.catalog = open_catalog(
+                        urls, index_dir=index_dir, index_missing=index_missing, length_from=length_from,
+                        frames_per_second=frames_per_second, index_workers=index_workers,
+                        url_hint=urls if isinstance(urls, str) else None, verify=verify_shards)
+                self.fingerprint = self.fingerprint_at(world)
+                if self.catalog.num_samples == 0:
+                    raise ValueError(f"the {len(self.catalog.urls)} shards hold no samples; check the shard list")
+            except Exception as exc:
+                failure = exc
+        if will_check(verify, world):
+            agree({"fingerprint": 0 if failure else self.fingerprint},
+                  "the streaming plan (shard list, sidecars or streaming settings)", failure)
+        elif failure is not None:
             raise failure
-        if self.catalog.num_samples == 0:
-            raise ValueError(f"the {len(self.catalog.urls)} shards hold no samples; check the shard list")
         self.rank = rank
-        self.world_size = world_size
+        self.world_size = world
         self.decode = decode_audio if decode == "audio" else decode
         self.collate_fn = collate_fn
         self.on_error = on_error
-        # Load the compiled planner now, so DataLoader workers forked later
-        # inherit it instead of each loading (or compiling) it again.
-        make_plan(np.ones(world_size, dtype=np.int64), tokens, size, world_size, planner=planner,
-                  **planner_options)
-        self._shared = RawArray("q", [0, -1, 0])
-        self._segments = SharedSegments()  # elastic history of a resumed epoch
+        self._shared = SharedState()
+        self._segments = SharedSegments()  # the elastic history of a resumed epoch
         self._summaries: dict[tuple[int, Segments], EpochSummary] = {}
         self._pos: dict[str, Any] | None = None
         self._local_resume: dict[str, Any] | None = None
-        self.num_skipped = 0
+        self._slot = 0  # this process's skip counter: the main process's, or a worker's (set per pass)
         self.bytes_read = 0  # tar bytes this process read (files and streams)
         self._stream_bytes = 0
 
-    def _fingerprint_at(self, world_size: int) -> str:
-        """The fingerprint of these shards and settings at ``world_size``."""
-        h = hashlib.blake2b(digest_size=8)
-        key = repr(dataclasses.replace(self.config, world_size=world_size).key())
+    def fingerprint_at(self, world_size: int) -> int:
+        """The state fingerprint of these shards (and sources) and settings at ``world_size``."""
+        fp = dataclasses.replace(self.config, world_size=world_size).fingerprint(self.catalog.fingerprint())
         if self.sources is not None:
-            key += self.sources.key()
-        h.update((self.catalog.fingerprint() + key).encode())
-        return h.hexdigest()
+            mix = self.sources.mix
+            fp = config_fingerprint(np.array(mix.sizes + mix.counts + tuple(self.sources.bounds.tolist()),
+                                             dtype=np.int64), fp)
+        return fp
 
     @property
     def samples_per_epoch(self) -> int:
-        """Samples an epoch plans (the mix's quota sum, or every sample once)."""
+        """Samples an epoch plans: the mix's quotas, or every sample once."""
         return self.sources.mix.samples_per_epoch if self.sources is not None else self.catalog.num_samples
+
+    def source_positions(self, epoch: Any = None) -> list[tuple[int, int]]:
+        """Mixing: per source, (cycle, sample position in it) at the start of
+        an epoch (default: the current one)."""
+        epoch = self.epoch if epoch is None else check_epoch(epoch)
+        return self.sources.mix.positions(epoch) if self.sources is not None else [(epoch, 0)]
 
     def _windows(self, epoch: int, segments: Segments = ()):
         """The epoch's planned windows, at this world size after ``segments``."""
@@ -186,39 +228,32 @@ class StreamingBatches(IterableDataset):
         return plan_windows(inputs, self.config, epoch, segments, lambda ids: source_of_shards(sc, ids),
                             sc.mix.num_sources)
 
-    def source_positions(self, epoch: Any = None) -> list[tuple[int, int]]:
-        """Mixing: per source, (cycle, sample position in it) at the start of
-        an epoch (default: the current one)."""
-        epoch = self.epoch if epoch is None else check_int("epoch", epoch, 0)
-        return self.sources.mix.positions(epoch) if self.sources is not None else [(epoch, 0)]
-
     # ------------------------------------------------------------ epochs
 
     @property
     def epoch(self) -> int:
-        return int(self._shared[_EPOCH])
+        return self._shared.epoch
 
     def set_epoch(self, epoch: Any) -> None:
         """Select the epoch the next pass plans (shard order and windows)."""
-        epoch = check_int("epoch", epoch, 0)
-        self._shared[_EPOCH] = epoch
-        if self._shared[_RESUME_EPOCH] != epoch:
-            self._shared[_RESUME_EPOCH] = -1
+        self._shared.epoch = check_epoch(epoch)
 
     def set_start_batch(self, start: Any) -> None:
         """Make the next pass over the current epoch start at this rank's
-        ``start``-th batch (for resuming from a step count you saved)."""
-        n = len(self)
+        ``start``-th batch (for resuming from a step count you saved). Only
+        the next pass: later passes over the epoch start from its beginning."""
         base = sum(k for _, k in self._segments.get(self.epoch))
-        start = check_int("start", start, base, n)
-        self._shared[_RESUME_EPOCH] = self.epoch
-        self._shared[_RESUME_STEP] = start
+        start = check_int("start", start, base, len(self))
+        self._shared.set_resume(self.epoch, start)
+        self._pos = None
 
     def epoch_summary(self, epoch: Any = None) -> EpochSummary:
         """Steps, samples, padding and drops of an epoch, planned from the
         sidecars' lengths only (no tar is read). Cached per epoch."""
-        epoch = self.epoch if epoch is None else check_int("epoch", epoch, 0)
-        segments = self._segments.get(epoch)
+        epoch = self.epoch if epoch is None else check_epoch(epoch)
+        return self._summary(epoch, self._segments.get(epoch))
+
+    def _summary(self, epoch: int, segments: Segments) -> EpochSummary:
         if (epoch, segments) not in self._summaries:
             if self.sources is None and not segments:
                 summary = summarize(self.catalog.counts, self.catalog.lengths, self.config, epoch)
@@ -231,98 +266,103 @@ class StreamingBatches(IterableDataset):
         """Batches this rank (every rank) yields in the current epoch."""
         return self.epoch_summary().steps
 
+    @property
+    def num_skipped(self) -> int:
+        """Samples skipped so far (``on_error="skip"``) by this rank: the main
+        process and all its DataLoader workers, continued from a loaded state."""
+        return self._shared.skipped()
+
     # ------------------------------------------------------------ state
 
     def state_dict(self) -> dict[str, Any]:
-        """Position of this process's latest pass: epoch and next step.
+        """Position of this process's latest pass (see ``streambatch.core.state``).
 
         In the main process (``num_workers=0``) ``step`` counts the batches
-        yielded. In a DataLoader worker (as torchdata's StatefulDataLoader
-        saves it) it is the next step this worker yields.
+        yielded and ``skipped`` the samples skipped by the main process and
+        its workers. In a DataLoader worker (as torchdata's StatefulDataLoader
+        saves it) ``step`` is the next step this worker yields and
+        ``skipped`` what this worker skipped. With a plain DataLoader and
+        workers, save your own step count and use ``set_start_batch``.
         """
         pos = self._pos
         if pos is None or pos["epoch"] != self.epoch:
+            pending = self._shared.pending(self.epoch)
             segments = self._segments.get(self.epoch)
-            pending = self._shared[_RESUME_EPOCH] == self.epoch
-            start = int(self._shared[_RESUME_STEP]) if pending else sum(k for _, k in segments)
+            start = pending if pending is not None else sum(k for _, k in segments)
             pos = {"epoch": self.epoch, "step": start, "worker": None, "num_workers": 0, "segments": segments}
-        state = {"version": STATE_VERSION, "epoch": int(pos["epoch"]), "step": int(pos["step"]),
-                 "worker": pos["worker"], "num_workers": pos["num_workers"], "world_size": self.world_size,
-                 "fingerprint": self.fingerprint, "skipped": self.num_skipped}
-        if pos["segments"]:
-            # the epoch's runs at earlier world sizes: rank-independent, like all of the state
-            state["segments"] = [list(seg) for seg in pos["segments"]]
+        worker = pos["worker"]
+        state = {S.VERSION: S.STATE_VERSION, S.EPOCH: int(pos["epoch"]), S.STEP: int(pos["step"]), S.WORKER: worker,
+                 S.NUM_WORKERS: pos["num_workers"], S.WORLD_SIZE: self.world_size, S.SEED: self.config.seed,
+                 S.FINGERPRINT: self.fingerprint, S.CONFIG: self.config.describe(),
+                 S.SKIPPED: self._shared.skipped(None if worker is None else SharedState.slot(worker))}
+        if pos["segments"]:  # the epoch's runs at earlier world sizes (rank-independent, like the rest)
+            state[S.SEGMENTS] = [list(seg) for seg in pos["segments"]]
         if self.sources is not None:
-            state["sources"] = [list(p) for p in self.source_positions(pos["epoch"])]
+            state[S.SOURCES] = [list(p) for p in self.source_positions(pos["epoch"])]
         return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Resume where ``state`` was saved: the next pass over its epoch
         skips the steps already yielded, planning past them from the sidecar
-        lengths without reading their tar data.
+        lengths without reading their tar data. Everything is checked before
+        anything changes. In the main process with ``verify`` under
+        torch.distributed this is a collective (all ranks must resume alike).
 
-        ``state`` is a ``state_dict()`` of any rank (they are equal), or, in
-        the main process, a torchdata ``StatefulDataLoader.state_dict()``.
-        Saved at another world size (elastic resume), the steps not yet run
-        are planned for this world (see ``replan.py``). With DataLoader
-        workers, the world's position is known only to the loader, not to
-        any one worker: load the loader's state here, in the main process,
-        before iterating (and optionally into the loader as well).
-        """
+        ``state`` is any rank's ``state_dict()`` (they are equal) or, in the
+        main process, a torchdata ``StatefulDataLoader.state_dict()``. Saved
+        at another world size, the rest of the epoch is planned for this one
+        (elastic resume, ``replan.py``). With DataLoader workers only the
+        loader knows where the world stopped (each worker's state holds its
+        own next step): load the loader's state here, in the main process,
+        before iterating; restoring it into the loader as well is optional."""
         info = get_worker_info()
-        if info is None and is_loader_state(state):
-            state = dataset_state_from_loader(state)
-        if not isinstance(state, dict) or state.get("version") != STATE_VERSION:
-            raise ValueError(f"not a StreamingBatches state (version {STATE_VERSION}): {state!r:.200}")
-        saved_world = check_int("state['world_size']", state["world_size"], 1)
-        if state["fingerprint"] != self._fingerprint_at(saved_world):
-            raise ValueError(
-                "state was saved for other shards, sidecars or settings (fingerprint "
-                f"{state['fingerprint']} != {self._fingerprint_at(saved_world)}); resume with the same shard list "
-                "(or sources), sidecars, max_batch_tokens, max_batch_size, window_samples, shuffle, drop_last, "
-                "seed and planner"
-            )
-        epoch = check_int("state['epoch']", state["epoch"], 0)
-        step = check_int("state['step']", state["step"], 0)
-        segments = check_segments(state.get("segments"), "state['segments']")
-        base = sum(k for _, k in segments)
-        if step < base:
-            raise ValueError(f"state['step'] = {step} is below the {base} steps of its segments")
-        if state["worker"] is not None and (info is None or (info.id, info.num_workers) != (state["worker"],
-                                                                                             state["num_workers"])):
-            here = "the main process" if info is None else f"worker {info.id} of {info.num_workers}"
-            raise ValueError(
-                f"state was saved by DataLoader worker {state['worker']} of {state['num_workers']} and is "
-                f"being loaded in {here}; restore it through a StatefulDataLoader with "
-                f"num_workers={state['num_workers']}, or load the loader's whole state_dict() into the dataset "
-                "in the main process"
-            )
-        if info is None:
-            self._shared[_EPOCH] = epoch
-            self._shared[_RESUME_EPOCH] = epoch
-            self._shared[_RESUME_STEP] = step
-            self._segments.set(epoch, resize(segments, saved_world, step, base, self.world_size))
+        failure, pos, segments = None, None, ()
+        try:
+            if info is None and is_loader_state(state):
+                state = dataset_state_from_loader(state)
+            pos = read_position(state, self, info)
+            done = sum(k for _, k in pos.segments)
+            # from another world size: the saver's run becomes a finished segment of the epoch
+            segments = resize(pos.segments, pos.world_size, pos.step, done, self.world_size)
+            if info is None and pos.world_size != self.world_size:
+                self._summary(pos.epoch, segments)  # plans the rest now: a history that does not fit raises here
+            elif info is not None and pos.world_size != self.world_size:
+                nxt = pos.step + (info.id if pos.worker is None else 0)
+                segments = self._prepared(pos.epoch, pos.segments, pos.world_size, nxt, info.num_workers)
+        except Exception as exc:
+            failure = exc
+        if info is None and self.verify and active(self.world_size):
+            agree({"fingerprint": self.fingerprint, "epoch": pos.epoch if pos else 0, "step": pos.step if pos else 0,
+                   "elastic history": _segments_key(segments)},
+                  "the resumed position" + (f" (epoch {pos.epoch}, step {pos.step})" if pos else ""), failure)
+        elif failure is not None:
+            raise failure
+        if pos.worker is not None:
+            self._local_resume = {"epoch": pos.epoch, "step": pos.step, "limit": pos.num_workers,
+                                  "segments": segments}
+        elif info is not None:  # a main-process state loaded inside a worker
+            self._local_resume = {"epoch": pos.epoch, "step": pos.step + info.id, "limit": info.num_workers,
+                                  "segments": segments}
         else:
-            # this worker's next step (a start-up state is a main-process position)
-            nxt = step if state["worker"] is not None else step + info.id
-            if saved_world != self.world_size:
-                segments = self._prepared(epoch, segments, saved_world, nxt, info.num_workers)
-            self._local_resume = {"epoch": epoch, "step": nxt, "segments": segments}
+            self._segments.set(pos.epoch, segments)
+            self._shared.set_resume(pos.epoch, pos.step)
+        # A main-process total restored in workers goes to worker 0 alone, so it is counted once.
+        mine = pos.skipped if pos.worker is not None or info is None or info.id == 0 else 0
+        self._shared.restore_skipped(SharedState.slot(None if info is None else info.id), mine)
         self._pos = None
 
     def _prepared(self, epoch: int, segments: Segments, saved_world: int, nxt: int, workers: int) -> Segments:
-        """In a worker, the history of an elastic resume that the main process
-        loaded, checked against this worker's own saved position ``nxt``."""
+        """In a worker: the history of an elastic resume that the main process
+        loaded, checked against this worker's own saved next step ``nxt``."""
         have = self._segments.get(epoch)
         n = len(segments)
-        ok = have[:n] == segments and (len(have) == n or (len(have) == n + 1 and have[n][0] == saved_world))
-        k = sum(s for _, s in have)
-        if not ok or not nxt - workers < k <= nxt:
+        fits = have[:n] == segments and (len(have) == n or (len(have) == n + 1 and have[n][0] == saved_world))
+        if not fits or not nxt - workers < sum(k for _, k in have) <= nxt:
             raise ValueError(
                 f"this DataLoader worker got a state saved at world_size={saved_world} (this run: "
                 f"{self.world_size}); only the loader knows where that world stopped, so load the loader's whole "
-                "state into the dataset in the main process first: ds.load_state_dict(loader.state_dict() as "
-                "saved), then iterate a new StatefulDataLoader (restoring its state too is optional)"
+                "state into the dataset in the main process first: ds.load_state_dict(loader_state), then "
+                "iterate the loader (restoring loader_state into it too is optional)"
             )
         return have
 
@@ -331,30 +371,31 @@ class StreamingBatches(IterableDataset):
     def __iter__(self):
         info = get_worker_info()
         stride = info.num_workers if info is not None else 1
-        worker = info.id if info is not None else 0
+        worker = info.id if info is not None else None
         epoch = self.epoch
+        limit = 0
         if self._local_resume is not None:
-            epoch, start, segments = (self._local_resume[k] for k in ("epoch", "step", "segments"))
+            epoch, start, limit, segments = (self._local_resume[k] for k in ("epoch", "step", "limit", "segments"))
             self._local_resume = None
         else:
             segments = self._segments.get(epoch)
-            if self._shared[_RESUME_EPOCH] == epoch:
-                start = int(self._shared[_RESUME_STEP]) + worker
-                if info is None:  # the main process consumes a resume; workers cannot tell when all have
-                    self._shared[_RESUME_EPOCH] = -1
-            else:
-                # an elastically resumed epoch: this world's steps start after the earlier worlds'
-                start = sum(k for _, k in segments) + worker
-        self._pos = {"epoch": epoch, "step": start, "worker": None if info is None else worker,
-                     "num_workers": 0 if info is None else stride, "segments": segments}
-        return self._generate(epoch, start, stride, segments)
+            resume = self._shared.claim(epoch, worker, stride)
+            # an elastically resumed epoch: this world's steps start after the earlier worlds'
+            start = (resume if resume is not None else sum(k for _, k in segments)) + (worker or 0)
+            limit = 0 if worker is None else stride
+        self._slot = SharedState.slot(worker)
+        self._pos = {"epoch": epoch, "step": start, "worker": worker, "num_workers": 0 if info is None else stride,
+                     "segments": segments}
+        return self._generate(epoch, start, stride, limit, segments)
 
-    def _generate(self, epoch: int, start: int, stride: int, segments: Segments):
+    def _generate(self, epoch: int, start: int, stride: int, limit: int, segments: Segments = ()):
         reader = LocalReader()
+        total = 0
         tables: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
         try:
             for win in self._windows(epoch, segments):
                 lo, hi = win.first_step, win.first_step + win.num_steps
+                total = hi
                 first = start if lo <= start else start + -(-(lo - start) // stride) * stride
                 steps = range(first, hi, stride)
                 if not steps:
@@ -367,7 +408,12 @@ class StreamingBatches(IterableDataset):
                     del tables[s]
                 for s in shards.tolist():
                     if s not in tables:
-                        tables[s] = self.catalog.table(s)
+                        try:
+                            tables[s] = self.catalog.table(s)
+                        except ShardError as exc:
+                            if self.on_error == "raise":
+                                raise
+                            tables[s] = exc  # each of the shard's samples is skipped and counted below
                 reader.keep_only(self.catalog.urls[s] for s in shards.tolist())
                 prefetched = self._prefetch(win, mine, tables)
                 for s, idx in zip(steps, batches):
@@ -377,6 +423,9 @@ class StreamingBatches(IterableDataset):
                     self.bytes_read = reader.bytes_read + self._stream_bytes
                     yield self.collate_fn(batch) if self.collate_fn is not None else batch
                 prefetched.clear()
+            if start > total + limit:
+                raise ValueError(f"resuming at step {start} of epoch {epoch}, which has only {total} steps: the "
+                                 "state or start batch does not belong to this dataset")
         finally:
             self.bytes_read = reader.bytes_read + self._stream_bytes
             reader.close()
@@ -391,19 +440,21 @@ class StreamingBatches(IterableDataset):
         ids = win.shard_ids[mine]
         for s in np.unique(ids).tolist():
             url = self.catalog.urls[s]
-            if is_local(url):
+            if is_local(url) or isinstance(tables[s], Exception):
                 continue
             _, offsets, sizes = tables[s]
             loc = win.local[mine[ids == s]]
             regions = [(int(offsets[i]), int(sizes[i])) for i in loc.tolist()]
+            got: dict[int, bytes] = {}
             try:
-                got, consumed = read_stream_regions(url, regions)
+                _, consumed = read_stream_regions(url, regions, got)
             except ShardError as exc:
                 if self.on_error == "raise":
                     raise
-                got, consumed = {}, 0
-                for off, _ in regions:
-                    out[(s, off)] = exc
+                consumed = sum(len(b) for b in got.values())
+                for off, _ in regions:  # only the samples the stream did not deliver fail
+                    if off not in got:
+                        out[(s, off)] = exc
             self._stream_bytes += consumed
             for off, buf in got.items():
                 out[(s, off)] = buf
@@ -412,11 +463,13 @@ class StreamingBatches(IterableDataset):
     def _sample(self, win, i: int, tables, reader: LocalReader, prefetched: dict):
         shard = int(win.shard_ids[i])
         local = int(win.local[i])
-        keys, offsets, sizes = tables[shard]
         url = self.catalog.urls[shard]
-        offset, size = int(offsets[local]), int(sizes[local])
-        key = keys[local].decode("utf-8", "surrogateescape")
         try:
+            if isinstance(tables[shard], Exception):
+                raise tables[shard]
+            keys, offsets, sizes = tables[shard]
+            offset, size = int(offsets[local]), int(sizes[local])
+            key = keys[local].decode("utf-8", "surrogateescape")
             if is_local(url):
                 buf = reader.read(url, offset, size)
             else:
@@ -429,39 +482,36 @@ class StreamingBatches(IterableDataset):
                     sample = self.decode(sample)
                 except Exception as exc:
                     raise ShardError(f"decoding sample {key!r} of shard {url} (byte {offset}) failed: {exc!r}") from exc
+                if sample is None:
+                    raise ShardError(f"decode returned None for sample {key!r} of shard {url} (byte {offset}); "
+                                     "return the sample, or raise to have it skipped with on_error='skip'")
             return sample
         except ShardError as exc:
             if self.on_error == "raise":
                 raise
-            self.num_skipped += 1
-            log.warning("skipping a sample (on_error='skip', %d skipped so far): %s", self.num_skipped, exc)
+            self._shared.add_skip(self._slot)
+            log.warning("skipping a sample (on_error='skip', %d skipped by this process so far): %s",
+                        self._shared.skipped(self._slot), exc)
             return None
-
-    # ------------------------------------------------------------ pickling
-
-    def __getstate__(self):
-        state = self.__dict__.copy()
-        if multiprocessing.context.get_spawning_popen() is None:
-            # Plain pickling (checkpoints, deepcopy): shared memory cannot travel, values can.
-            state["_shared"] = list(self._shared)
-        return state
-
-    def __setstate__(self, state):
-        if isinstance(state["_shared"], list):
-            state["_shared"] = RawArray("q", state["_shared"])
-        state.setdefault("_segments", SharedSegments())  # pickled before elastic resume existed
-        self.__dict__.update(state)
 
     def __repr__(self) -> str:
         c = self.config
         return (f"StreamingBatches({len(self.catalog.urls)} shards, {self.catalog.num_samples} samples, "
                 f"max_batch_tokens={c.max_batch_tokens}, max_batch_size={c.max_batch_size}, "
                 f"rank={self.rank}, world_size={self.world_size}, window_samples={c.window_samples}, "
+                f"read_mode={c.read_mode!r}, "
                 f"epoch={self.epoch})")
 
 
 def _as_list(sources: Any) -> list:
     return list(sources) if isinstance(sources, (list, tuple)) else [sources]
+
+
+def _segments_key(segments: Segments) -> int:
+    """A 63-bit hash of an elastic history (0 for none), for the cross-rank check."""
+    if not segments:
+        return 0
+    return config_fingerprint(np.array([x for seg in segments for x in seg], dtype=np.int64))
 
 
 # ---------------------------------------------------------------- distributed

@@ -16,20 +16,21 @@ from typing import Any
 
 import numpy as np
 
+from ..core.validation import check_int
 from .audio import HEADER_BYTES, audio_ext
 from .errors import ShardError
 from .lengths import LengthSpec, length_of, length_spec
-from ..core.validation import check_int
 from .reader import expand_urls, is_local, local_path, open_shard
-from .sidecar import read_arrays, read_meta, shard_stat, sidecar_path, staleness, write_sidecar
+from .sidecar import HashingStream, SidecarFile, content_hasher, shard_stat, sidecar_path, staleness, write_sidecar
 from .tar import TarScanner, sample_groups
 
 
-def index_shard(url: str, spec: LengthSpec) -> dict[str, np.ndarray]:
+def index_shard(url: str, spec: LengthSpec, hasher=None) -> dict[str, np.ndarray]:
     """Scan one shard and return its sidecar arrays (see ``sidecar.py``).
 
     Local shards are scanned by seeking from header to header, reading only
-    the members (or member heads) that ``spec`` needs; streams are read whole.
+    the members (or member heads) that ``spec`` needs; streams are read whole
+    (and fed to ``hasher``, a hashlib object, if given).
     """
     seekable = is_local(url)
     keys: list[bytes] = []
@@ -47,6 +48,8 @@ def index_shard(url: str, spec: LengthSpec) -> dict[str, np.ndarray]:
         return HEADER_BYTES if seekable and audio_ext(suffix) in ("wav", "flac") else -1
 
     f = open_shard(url, seekable)
+    if hasher is not None and not seekable:
+        f = HashingStream(f, hasher)
     try:
         for sample in sample_groups(TarScanner(f, url), want):
 
@@ -59,7 +62,7 @@ def index_shard(url: str, spec: LengthSpec) -> dict[str, np.ndarray]:
 
             where = f"shard {url}, sample {sample.key!r} at byte {sample.offset}"
             lengths.append(length_of(spec, sample.members, sample.sizes, reread, where))
-            keys.append(sample.key.encode("utf-8"))
+            keys.append(sample.key.encode("utf-8", "surrogateescape"))  # non-UTF-8 names round-trip, as in webdataset
             offsets.append(sample.offset)
             sizes.append(sample.end - sample.offset)
             end = sample.end
@@ -108,8 +111,13 @@ def _init_worker(spec: LengthSpec) -> None:
 
 def _index_one(url: str, path: str, spec: LengthSpec | None = None) -> np.ndarray:
     spec = spec or _WORKER_SPEC
-    stat = shard_stat(url)
-    arrays = index_shard(url, spec)
+    stat = shard_stat(url)  # before the scan: a shard changed meanwhile then shows as stale
+    if stat:
+        arrays = index_shard(url, spec)
+    else:  # a stream is read whole by the scan: take its content digest on the way
+        h = content_hasher()
+        arrays = index_shard(url, spec, h)
+        stat = {"content": h.hexdigest()}
     write_sidecar(path, url, arrays, spec, stat)
     return arrays["lengths"]
 
@@ -160,12 +168,12 @@ def index_shards(urls: Any, *, length_from: Any = "json:duration", frames_per_se
     for i, (url, path) in enumerate(zip(urls, paths)):
         if not force and os.path.exists(path):
             try:
-                meta = read_meta(path)
-            except Exception:
-                meta = None
-            if meta is not None and meta.get("length_from") == spec.describe() and staleness(url, meta) is None:
-                lengths[i] = read_arrays(path, ("lengths",))[0]
-                continue
+                with SidecarFile(path) as sc:
+                    if sc.meta["length_from"] == spec.describe() and staleness(url, sc.meta) is None:
+                        lengths[i] = sc.lengths()
+                        continue
+            except (ShardError, OSError):
+                pass  # unreadable or invalid: index it again
         todo.append(i)
     bar = _progress(len(todo), progress and bool(todo))
     try:

@@ -17,11 +17,12 @@ segments the windows equal ``iter_windows``'s, plan for plan.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
-from ..planners import make_plan
+from ..core.validation import coerce_lengths
+from ..planners import plan_epoch
 from ..planners.elastic import Segments, remaining, truncate
 from ..planners.interleave import interleave_steps
 from .window import EpochSummary, Window, WindowConfig, shard_order, window_bounds, window_seed
@@ -79,7 +80,6 @@ def plan_windows(inputs: Iterator[WindowInput], config: WindowConfig, epoch: int
     is yielded as two or more pieces: the trained steps (a truncated plan)
     and the replanned rest (pieces share the window's index).
     """
-    options = dict(config.planner_options)
     none = np.zeros(0, dtype=np.int64)
     carry_ids = carry_local = carry_len = none
     step = 0
@@ -92,17 +92,17 @@ def plan_windows(inputs: Iterator[WindowInput], config: WindowConfig, epoch: int
     for win in inputs:
         ids = np.concatenate([carry_ids, win.ids])
         local = np.concatenate([carry_local, win.local])
-        lengths = np.concatenate([carry_len, win.lengths])
+        # sidecar lengths are new input each window: checked here, as iter_windows does
+        lengths = coerce_lengths(np.concatenate([carry_len, win.lengths]))
         piece = 0
         while True:
             # a segment that ended on a window boundary: move to the next world
             while seg_end is not None and step == seg_end:
                 seg += 1
                 seg_end = step + segments[seg][1] if seg < len(segments) else None
-            plan = make_plan(lengths, config.max_batch_tokens, config.max_batch_size, world(),
-                             shuffle=config.shuffle, drop_last=config.drop_last if win.last else True,
-                             seed=piece_seed(config.seed, epoch, win.index, piece), epoch=0, planner=config.planner,
-                             **options)
+            cfg = replace(config, world_size=world(), drop_last=config.drop_last if win.last else True,
+                          seed=piece_seed(config.seed, epoch, win.index, piece))
+            plan = plan_epoch(lengths, cfg, 0)
             if source_of is not None:
                 plan = interleave_steps(plan, source_of(ids), num_sources)
             if seg_end is None or step + plan.num_steps <= seg_end:

@@ -107,11 +107,20 @@ def open_sources(sources: Any, *, samples_per_epoch: Any = None, index_dir: str 
     if empty:
         raise ValueError(f"source {empty[0]} ({sources[empty[0]].urls!r:.100}) holds no samples; remove it")
     mix = Mix.build(sizes, [s.spec() for s in sources], samples_per_epoch)
-    catalog = Catalog(tuple(u for c in cats for u in c.urls), tuple(p for c in cats for p in c.sidecars),
-                      np.concatenate([c.counts for c in cats]), tuple(d for c in cats for d in c.digests))
+    catalog = _concat(cats)
     bounds = np.concatenate([[0], np.cumsum([len(c.urls) for c in cats])]).astype(np.int64)
     names = tuple(s.name or f"source{i}" for i, s in enumerate(sources))
     return SourceCatalog(catalog, bounds, mix, names)
+
+
+def _concat(cats: list[Catalog]) -> Catalog:
+    """One catalog of every source's shards, in order (global shard ids)."""
+    dtype = np.result_type(*[c.all_lengths.dtype for c in cats])
+    all_lengths = np.concatenate([c.all_lengths.astype(dtype, copy=False) for c in cats])
+    counts = np.concatenate([c.counts for c in cats]).astype(np.int64)
+    starts = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+    return Catalog(tuple(u for c in cats for u in c.urls), tuple(p for c in cats for p in c.sidecars), counts,
+                   tuple(d for c in cats for d in c.digests), all_lengths, starts)
 
 
 def num_windows(samples: int, window_samples: int) -> int:

@@ -2,21 +2,29 @@
 
 from __future__ import annotations
 
+import dataclasses
+import numbers
+import sys
+import warnings
+import weakref
 from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
 from torch.utils.data import Sampler
 
-from .distributed import check_same_everywhere, resolve_world
+from ..core import state as S
+from ..core.config import PlanConfig, check_epoch
 from ..core.mix import Mix, specs_from
 from ..core.plan import Plan, RankBatches, config_fingerprint
-from ..planners import check_planner, make_plan
+from ..core.state import differences, read_state, state_int
+from ..core.validation import check_flag, check_int, coerce_lengths
+from ..planners import plan_epoch
 from ..planners.elastic import Segments, check_segments, resize
-from ..planners.epoch import plan_epoch_steps
-from ..core.validation import check_budget, check_flag, check_int, check_seed, coerce_lengths
+from ..planners.epoch import EpochPlan, plan_epoch_steps
+from .distributed import active, agree, resolve_world, will_check
 
-_STATE_VERSION = 1
+KIND = "DynamicBatchSampler"
 
 
 class DynamicBatchSampler(Sampler[list[int]]):
@@ -34,47 +42,56 @@ class DynamicBatchSampler(Sampler[list[int]]):
         max_batch_size: cap on samples per batch.
         shuffle, drop_last, seed: as in the seed sampler.
         rank, world_size: this rank and the data-parallel world size; ``None``
-            takes them from ``torch.distributed`` (0 and 1 when not initialised).
+            takes them from ``torch.distributed`` (0 and 1 when it is not
+            initialised and no launcher started several processes).
         planner: ``"greedy"`` (seed-exact) or another registered planner.
-        mix: a ``Mix`` over sources concatenated in ``lengths`` (see
-            ``DynamicBatchSampler.mixed``, which builds it); each epoch then
-            plans the mix's draw instead of every sample once.
-        verify: when ``torch.distributed`` is initialised, all-reduce a plan
-            fingerprint after each (re)plan and raise on every rank if ranks
-            planned differently (for example from different ``lengths``).
+        mix: a ``Mix`` of sources concatenated in ``lengths`` (built by
+            ``DynamicBatchSampler.mixed``); each epoch then plans the mix's
+            draw (see ``streambatch.core.mix``) instead of every sample once.
+        verify: when ``torch.distributed`` is initialised and world_size > 1,
+            check with one small all-reduce at construction, in every
+            ``set_epoch`` and in ``load_state_dict`` that all ranks hold the same
+            plan, epoch and start position, and raise on every rank if not (or
+            if any rank failed to build its plan) instead of hanging. These
+            calls are then collectives: make them on every rank.
         **planner_options: options of the chosen planner.
     """
 
-    def __init__(self, lengths: Any, max_batch_tokens: Any, max_batch_size: int = 64, shuffle: bool = True,
-                 drop_last: bool = False, rank: int | None = 0, world_size: int | None = 1, seed: int = 42,
-                 *, planner: str = "greedy", verify: bool = True, mix: Mix | None = None, **planner_options: Any):
-        self.lengths = coerce_lengths(lengths)
-        self.max_batch_tokens = check_budget(max_batch_tokens)
-        self.max_batch_size = check_int("max_batch_size", max_batch_size, 1)
-        self.shuffle = check_flag("shuffle", shuffle)
-        self.drop_last = check_flag("drop_last", drop_last)
-        self.rank, self.world_size = resolve_world(rank, world_size)
-        self.seed = check_seed(seed)
-        self.planner = check_planner(planner)
-        self.verify = check_flag("verify", verify)
-        self.planner_options = dict(planner_options)
-        if mix is not None:
-            if not isinstance(mix, Mix):
-                raise TypeError(f"mix must be a streambatch Mix (see DynamicBatchSampler.mixed), got {mix!r:.100}")
-            if sum(mix.sizes) != self.lengths.shape[0]:
-                raise ValueError(f"the mix's sources hold {sum(mix.sizes)} samples but lengths has "
-                                 f"{self.lengths.shape[0]}; pass the sources' lengths concatenated in order")
-        self.mix = mix
+    def __init__(self, lengths: Any, max_batch_tokens: Any, max_batch_size: Any = 64, shuffle: Any = True,
+                 drop_last: Any = False, rank: Any = 0, world_size: Any = 1, seed: Any = 42,
+                 *, planner: str = "greedy", verify: Any = True, mix: Mix | None = None, **planner_options: Any):
+        failure = plan = None
+        world: Any = world_size
+        self._segments: Segments = ()  # elastic history of the current epoch
+        self._base = 0  # steps of the current epoch run at earlier world sizes
+        try:
+            self.verify = check_flag("verify", verify)
+            self.rank, world = resolve_world(rank, world_size)
+            self.config = PlanConfig.build(max_batch_tokens, max_batch_size, world, shuffle, drop_last, seed,
+                                           planner, planner_options)
+            self.lengths = coerce_lengths(lengths)
+            self.mix = _check_mix(mix, self.lengths.shape[0])
+            self._fingerprint = self._fingerprint_at(world)
+            plan = self._plan(0).plan
+        except Exception as exc:  # re-raised below, after every rank has heard of it
+            failure = exc
+        self._plan_fp: int | None = None  # the plan's fingerprint, computed when a check needs it
+        if will_check(verify, world):
+            self._plan_fp = plan.fingerprint() if failure is None else 0
+            agree({"fingerprint": self._plan_fp, "epoch": 0, "start batch": 0}, "the plan of epoch 0", failure)
+        elif failure is not None:
+            raise failure
+        self.plan: Plan = plan
         self.epoch = 0
         self._start_batch = 0
         self._consumed = 0
-        self._segments: Segments = ()  # elastic history of the current epoch
-        self._base = 0  # epoch steps run by earlier world sizes
-        self._fingerprint = self._fingerprint_at(self.world_size)
-        self.plan: Plan = self._make_plan()
+        # a weak reference to the torch multi-worker DataLoader iterator drawing
+        # from us, and the batch it started at (to tell when a state is ahead)
+        self._prefetcher: Any = None
+        self._prefetch_start = 0
 
     @classmethod
-    def mixed(cls, sources: Any, max_batch_tokens: Any, max_batch_size: int = 64, *, weights: Any = None,
+    def mixed(cls, sources: Any, max_batch_tokens: Any, max_batch_size: Any = 64, *, weights: Any = None,
               samples: Any = None, repeats: Any = None, samples_per_epoch: Any = None,
               **kwargs: Any) -> DynamicBatchSampler:
         """A sampler over several sources mixed by weight, count or repeat.
@@ -97,34 +114,68 @@ class DynamicBatchSampler(Sampler[list[int]]):
         return cls(np.concatenate(arrays), max_batch_tokens, max_batch_size, mix=mix, **kwargs)
 
     def _fingerprint_at(self, world_size: int) -> int:
-        """The configuration fingerprint a sampler like this one has at ``world_size``."""
-        values = [self.max_batch_tokens, self.max_batch_size, self.shuffle, self.drop_last, world_size, self.seed,
-                  self.planner, repr(sorted(self.planner_options.items()))]
+        """The state fingerprint a sampler like this one has at ``world_size``."""
+        fp = dataclasses.replace(self.config, world_size=world_size).fingerprint(self.lengths)
         if self.mix is not None:
-            values.append(self.mix.key())
-        return config_fingerprint(self.lengths, *values)
+            fp = config_fingerprint(np.array(self.mix.sizes + self.mix.counts, dtype=np.int64), fp)
+        return fp
 
     def _plan_fn(self, lengths: np.ndarray, world_size: int, seed: int, epoch: int) -> Plan:
-        return make_plan(lengths, self.max_batch_tokens, self.max_batch_size, world_size, self.shuffle,
-                         self.drop_last, seed, epoch, self.planner, **self.planner_options)
+        return plan_epoch(lengths, dataclasses.replace(self.config, world_size=world_size, seed=seed), epoch)
 
-    def _make_plan(self, segments: Segments | None = None) -> Plan:
-        """Plan the current epoch (after ``segments``, default the current
-        history); sets ``_base`` and, if given, ``_segments`` once it succeeded."""
-        segs = self._segments if segments is None else segments
-        ep = plan_epoch_steps(self.lengths, self._plan_fn, self.world_size, self.seed, self.epoch, mix=self.mix,
-                              shuffle=self.shuffle, segments=segs)
-        if self.verify:
-            check_same_everywhere(ep.plan.fingerprint() ^ ep.base, f"the plan of epoch {self.epoch}")
-        self._base, self._segments = ep.base, segs
-        return ep.plan
+    def _plan(self, epoch: int, segments: Segments = ()) -> EpochPlan:
+        """Epoch ``epoch`` at this world size after ``segments`` (the ordinary
+        plan when there is neither a mix nor a history)."""
+        if self.mix is None and not segments:
+            return EpochPlan(plan_epoch(self.lengths, self.config, epoch))
+        return plan_epoch_steps(self.lengths, self._plan_fn, self.world_size, self.seed, epoch, mix=self.mix,
+                                shuffle=self.shuffle, segments=segments)
 
     def source_positions(self) -> list[tuple[int, int]]:
         """Mixing: per source, (cycle, position in it) at the start of the
         current epoch. Without a mix: one source at (epoch, 0)."""
-        if self.mix is None:
-            return [(self.epoch, 0)]
-        return self.mix.positions(self.epoch)
+        return self.mix.positions(self.epoch) if self.mix is not None else [(self.epoch, 0)]
+
+    @property
+    def base_step(self) -> int:
+        """First epoch step of this world size (0 unless the epoch was resumed
+        from a state saved at another world size)."""
+        return self._base
+
+    # ------------------------------------------------------------ settings
+
+    max_batch_tokens = property(lambda self: self.config.max_batch_tokens)
+    max_batch_size = property(lambda self: self.config.max_batch_size)
+    world_size = property(lambda self: self.config.world_size)
+    shuffle = property(lambda self: self.config.shuffle)
+    drop_last = property(lambda self: self.config.drop_last)
+    seed = property(lambda self: self.config.seed)
+    planner = property(lambda self: self.config.planner)
+    planner_options = property(lambda self: self.config.options)
+
+    def _checking(self) -> bool:
+        return self.verify and active(self.world_size)
+
+    def _fp(self, plan: Plan) -> int:
+        """The fingerprint every rank must agree on (0 when no check runs)."""
+        if not self._checking():
+            return 0
+        if plan is not self.plan:
+            return plan.fingerprint()
+        if self._plan_fp is None:
+            self._plan_fp = plan.fingerprint()
+        return self._plan_fp
+
+    def _agree(self, values: dict[str, int], what: str, failure: BaseException | None) -> None:
+        if self._checking():
+            agree(values, what, failure)
+        elif failure is not None:
+            raise failure
+
+    def _switch(self, epoch: int, plan: Plan, fp: int, segments: Segments = (), base: int = 0) -> None:
+        if plan is not self.plan:
+            self.epoch, self.plan, self._plan_fp = epoch, plan, fp or None
+            self._segments, self._base = segments, base
 
     @property
     def batches(self) -> RankBatches:
@@ -133,7 +184,8 @@ class DynamicBatchSampler(Sampler[list[int]]):
 
     @property
     def num_padded(self) -> int:
-        """Samples repeated this epoch to fill the final step (<= world_size - 1)."""
+        """Samples repeated this epoch to fill the final step's empty slots
+        (<= world_size - 1 slots; one sample may fill several)."""
         return self.plan.num_padded
 
     @property
@@ -141,17 +193,28 @@ class DynamicBatchSampler(Sampler[list[int]]):
         """Samples left out this epoch by ``drop_last``."""
         return self.plan.num_dropped
 
-    def set_epoch(self, epoch: int) -> None:
-        """Plan epoch ``epoch`` (a no-op when it is the planned one)."""
-        epoch = check_int("epoch", epoch, 0)
-        if epoch == self.epoch:
-            return
-        self.epoch = epoch
-        self._segments = ()
-        self._consumed = self._start_batch
-        self.plan = self._make_plan()
+    # ------------------------------------------------------------ epochs
 
-    def set_start_batch(self, n: int) -> None:
+    def set_epoch(self, epoch: Any) -> None:
+        """Plan epoch ``epoch`` (no replanning when it is the planned one).
+
+        With ``verify`` under torch.distributed this is a collective every
+        time, so ranks that disagree on the epoch or start batch raise."""
+        failure, plan, fp = None, self.plan, 0
+        try:
+            epoch = check_epoch(epoch)
+            if epoch != self.epoch:
+                plan = self._plan(epoch).plan
+            fp = self._fp(plan)
+        except Exception as exc:
+            failure = exc
+        self._agree({"fingerprint": fp, "epoch": epoch if failure is None else 0, "start batch": self._start_batch},
+                    f"the plan of epoch {epoch}", failure)
+        if plan is not self.plan:
+            self._switch(epoch, plan, fp)
+            self._consumed = self._start_batch
+
+    def set_start_batch(self, n: Any) -> None:
         """Skip the first ``n`` batches on the next ``__iter__`` (consumed once)."""
         n = check_int("start batch", n, 0)
         if n < self._base:
@@ -164,9 +227,13 @@ class DynamicBatchSampler(Sampler[list[int]]):
         self._consumed = n
 
     def __iter__(self) -> Iterator[list[int]]:
-        start = max(self._start_batch, self._base)
+        start = max(self._start_batch, self._base)  # an elastic epoch: this world's steps only
         self._start_batch = 0
         self._consumed = start
+        # This body runs on the first next(): the caller's frame tells whether
+        # a multi-worker DataLoader is drawing batches ahead of the training loop.
+        self._prefetcher = _prefetching_loader(sys._getframe(1))
+        self._prefetch_start = start
         plan, rank, base = self.plan, self.rank, self._base
         for i in range(start, base + plan.num_steps):
             # count before yielding: a state saved after receiving batch i
@@ -175,63 +242,128 @@ class DynamicBatchSampler(Sampler[list[int]]):
             yield plan.batch(i - base, rank).tolist()
 
     def __len__(self) -> int:
-        """Steps of the current epoch: this rank's batches, plus those run by
-        an earlier world size before an elastic resume (``base_step``)."""
+        """Steps of the current epoch: this rank's batches, plus the steps run
+        at an earlier world size before an elastic resume (``base_step``)."""
         return self._base + self.plan.num_steps
 
-    @property
-    def base_step(self) -> int:
-        """First epoch step of the current world size (0 unless this epoch
-        was resumed from a state saved at another world size)."""
-        return self._base
+    # ------------------------------------------------------------ state
 
     def state_dict(self) -> dict[str, Any]:
-        """Where the run is: epoch, batches consumed, seed, config fingerprint,
-        and the epoch's elastic history (``segments``: the (world_size, steps)
-        runs before the current world size). Nothing in it depends on the
-        rank, so every rank's state is the same and any one resumes all."""
+        """Where this rank is: epoch, steps consumed, world size, seed,
+        configuration and its fingerprint (see ``streambatch.core.state``).
+
+        Under a plain ``DataLoader(num_workers > 0)`` the loader draws batches
+        ahead of the training loop, so this count is ahead of what the loop
+        has received (a warning says so); use torchdata's
+        ``StatefulDataLoader``, or save your own step count and resume with
+        ``set_epoch`` + ``set_start_batch``.
+
+        Nothing in it depends on the rank: every rank's state is the same,
+        and any one resumes all ranks, at this or another world size."""
+        self._warn_if_ahead()
         state = {
-            "version": _STATE_VERSION,
-            "epoch": self.epoch,
-            "batches_consumed": self._consumed,
-            "seed": self.seed,
-            "world_size": self.world_size,
-            "fingerprint": self._fingerprint,
+            S.VERSION: S.STATE_VERSION,
+            S.EPOCH: self.epoch,
+            S.STEP: self._consumed,
+            S.SEED: self.seed,
+            S.WORLD_SIZE: self.world_size,
+            S.FINGERPRINT: self._fingerprint,
+            S.CONFIG: self.config.describe(),
         }
         if self._segments:
-            state["segments"] = [list(seg) for seg in self._segments]
+            state[S.SEGMENTS] = [list(seg) for seg in self._segments]
         if self.mix is not None:
-            state["sources"] = [list(p) for p in self.source_positions()]
+            state[S.SOURCES] = [list(p) for p in self.source_positions()]
         return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Resume: replan the saved epoch and skip the consumed batches."""
-        if not isinstance(state, dict) or not {"epoch", "batches_consumed", "fingerprint"} <= set(state):
-            raise ValueError(f"not a DynamicBatchSampler state (expected keys epoch, batches_consumed, "
-                             f"fingerprint): {state!r}")
-        saved_world = check_int("state['world_size']", state.get("world_size", self.world_size), 1)
-        if state.get("seed", self.seed) != self.seed:
-            raise ValueError(f"the state was saved with seed={state['seed']} but this sampler has seed={self.seed}")
-        # The fingerprint this configuration has at the saver's world size:
-        # everything but the world size must match.
-        if state["fingerprint"] != self._fingerprint_at(saved_world):
-            raise ValueError("the state was saved for a different configuration (lengths, budget, batch-size cap, "
-                             "shuffle, drop_last, planner or mix differ); resume with the sampler arguments of the "
-                             "run that saved it")
-        epoch = check_int("state['epoch']", state["epoch"], 0)
-        step = check_int("state['batches_consumed']", state["batches_consumed"], 0)
-        segments = check_segments(state.get("segments"), "state['segments']")
-        base = sum(k for _, k in segments)
-        if step < base:
-            raise ValueError(f"state['batches_consumed'] = {step} is below the {base} steps of its segments")
-        # Elastic: a state from another world size records the saver's run as
-        # a finished segment; the rest of the epoch is planned for this world.
-        segments = resize(segments, saved_world, step, base, self.world_size)
-        old_epoch, self.epoch = self.epoch, epoch
+        """Resume: replan the saved epoch and skip the consumed steps.
+
+        A state saved at another world size resumes elastically: the steps it
+        ran stay done and the rest of the epoch is planned for this world
+        (``planners/elastic.py``): every sample once, equal steps per rank.
+        Everything is checked before anything changes (a refused state leaves
+        the sampler as it was). Accepts version-1 states (``batches_consumed``).
+        With ``verify`` under torch.distributed this is a collective, which
+        also checks that every rank loaded the same state."""
+        failure, plan, epoch, step, fp = None, self.plan, self.epoch, 0, 0
+        segments, base = self._segments, self._base
         try:
-            plan = self._make_plan(segments)
-        except ValueError:
-            self.epoch = old_epoch
-            raise
-        self.plan = plan
-        self.set_start_batch(step)
+            s = read_state(state, KIND, (S.EPOCH, S.STEP, S.FINGERPRINT))
+            saved_world = state_int(s, S.WORLD_SIZE, 1) if S.WORLD_SIZE in s else self.world_size
+            if S.SEED in s and (isinstance(s[S.SEED], bool) or not isinstance(s[S.SEED], numbers.Integral)):
+                raise ValueError(f"state['seed'] must be an integer, got {s[S.SEED]!r}")
+            if S.SEED in s and s[S.SEED] != self.seed:
+                raise ValueError(f"the state was saved with seed={s[S.SEED]} but this sampler has seed={self.seed}")
+            # everything but the world size must match: compare at the saver's world size
+            if s[S.FINGERPRINT] != self._fingerprint_at(saved_world):
+                saved = dict(s.get(S.CONFIG) or {}, world_size=self.world_size)
+                what = differences(saved, self.config.describe()) or ("the lengths differ" if self.mix is None
+                                                                       else "the lengths or the mix differ")
+                raise ValueError(f"the state was saved for a different configuration ({what}); resume with the "
+                                 "lengths and sampler arguments of the run that saved it")
+            epoch = check_epoch(state_int(s, S.EPOCH), "state['epoch']")
+            step = state_int(s, S.STEP)
+            saved_segments = check_segments(s.get(S.SEGMENTS), "state['segments']")
+            done = sum(k for _, k in saved_segments)
+            if step < done:
+                raise ValueError(f"state['step'] = {step} is below the {done} steps of state['segments']")
+            # from another world size: the saver's run becomes a finished segment
+            segments = resize(saved_segments, saved_world, step, done, self.world_size)
+            if epoch != self.epoch or segments != self._segments:
+                ep = self._plan(epoch, segments)
+                plan, base = ep.plan, ep.base
+            if step > base + plan.num_steps:
+                raise ValueError(f"state['step'] = {step} is beyond the {base + plan.num_steps} steps of epoch "
+                                 f"{epoch}; the state does not belong to this sampler's plan")
+            fp = self._fp(plan) ^ base
+        except Exception as exc:
+            failure = exc
+        self._agree({"fingerprint": fp, "epoch": epoch, "start batch": step},
+                    f"the resumed plan (epoch {epoch}, step {step})", failure)
+        self._switch(epoch, plan, fp ^ base, segments, base)
+        self._start_batch = self._consumed = step
+
+    def _warn_if_ahead(self) -> None:
+        it = self._prefetcher() if self._prefetcher is not None else None
+        received = getattr(it, "_num_yielded", None)
+        if received is None:
+            return
+        received += self._prefetch_start
+        if received < self._consumed:
+            warnings.warn(
+                f"DynamicBatchSampler.state_dict() read while a DataLoader with {getattr(it, '_num_workers', '?')} "
+                f"workers prefetches from it: the sampler has handed out {self._consumed} batches of epoch "
+                f"{self.epoch}, the loop has received {received}. Resuming from this state would skip "
+                f"{self._consumed - received} batches: use torchdata's StatefulDataLoader, or save your own step "
+                "count and resume with set_epoch(epoch) + set_start_batch(step)", RuntimeWarning, stacklevel=3)
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state["_prefetcher"] = None  # a weak reference to a live iterator does not travel
+        return state
+
+
+def _check_mix(mix: Any, n: int) -> Mix | None:
+    if mix is None:
+        return None
+    if not isinstance(mix, Mix):
+        raise TypeError(f"mix must be a streambatch Mix (DynamicBatchSampler.mixed builds one), got {mix!r:.100}")
+    if sum(mix.sizes) != n:
+        raise ValueError(f"the mix's sources hold {sum(mix.sizes)} samples but lengths has {n}; pass the sources' "
+                         "lengths concatenated in order")
+    return mix
+
+
+def _prefetching_loader(frame: Any) -> Any:
+    """A weak reference to the torch multi-worker DataLoader iterator whose
+    ``next(sampler_iter)`` is running in ``frame``, else None. (torchdata's
+    StatefulDataLoader has its own iterator classes and saves exact states.)"""
+    if frame is None:
+        return None
+    try:
+        from torch.utils.data.dataloader import _MultiProcessingDataLoaderIter
+    except ImportError:
+        return None
+    it = frame.f_locals.get("self")
+    return weakref.ref(it) if isinstance(it, _MultiProcessingDataLoaderIter) else None
