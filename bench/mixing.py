@@ -128,15 +128,11 @@ def once_per_cycle(mix: Mix) -> bool:
                                                                                                    mix.counts)))
 
 
-class _Lengths(Catalog):
-    """A catalog whose 'sidecars' are in memory (for planning only)."""
-
-    def __init__(self, lens: list[np.ndarray]):
-        object.__setattr__(self, "_lens", lens)
-        super().__init__(tuple(f"mem{i}" for i in range(len(lens))), (), np.array([x.shape[0] for x in lens]), ())
-
-    def lengths(self, shard: int) -> np.ndarray:
-        return self._lens[shard]
+def memory_catalog(shards: list[np.ndarray]) -> Catalog:
+    """A catalog of in-memory shard lengths (planning only: no sidecars, no tar)."""
+    counts = np.array([x.shape[0] for x in shards], dtype=np.int64)
+    starts = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+    return Catalog(tuple(f"mem{i}" for i in range(len(shards))), (), counts, (), np.concatenate(shards), starts)
 
 
 def stream_accuracy(sources: list[np.ndarray], weights: list[float], world: int, planner: str) -> tuple[float, ...]:
@@ -147,7 +143,7 @@ def stream_accuracy(sources: list[np.ndarray], weights: list[float], world: int,
         shards += [x[i:i + 1000] for i in range(0, x.shape[0], 1000)]
         bounds.append(len(shards))
     mix = Mix.build([x.shape[0] for x in sources], [SourceSpec(weight=w) for w in weights])
-    sc = SourceCatalog(_Lengths(shards), np.array(bounds), mix, ())
+    sc = SourceCatalog(memory_catalog(shards), np.array(bounds), mix, ())
     cfg = WindowConfig(BUDGET, CAP, world, 20_000, True, False, SEED, planner)
     target = np.asarray(weights) / sum(weights)
     worst = np.zeros(4)
