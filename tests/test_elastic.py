@@ -200,3 +200,25 @@ def test_stateful_dataloader_with_workers_resumes_elastically():
     plain = [list(DataLoader(Echo(), batch_sampler=DynamicBatchSampler(LENGTHS, 4000, 16, rank=r, world_size=3,
                                                                        seed=3), collate_fn=list)) for r in range(3)]
     assert plain[0] != tails[0]
+
+
+def test_mixed_sampler_with_max_length_leaves_long_draws_out():
+    a, b = LENGTHS[:1500], lognormal_lengths(400, seed=12) * 2
+    limit = int(np.percentile(np.concatenate([a, b]), 90))
+    lengths = np.concatenate([a, b])
+
+    def make(world, rank):
+        return DynamicBatchSampler.mixed([a, b], 6000, 16, weights=[0.5, 0.5], rank=rank, world_size=world, seed=2,
+                                         planner="bucketed", max_length=limit)
+
+    head = [make(4, r) for r in range(4)]
+    its = [iter(s) for s in head]
+    first = [next(it) for it in its for _ in range(5)]
+    new = [make(3, r) for r in range(3)]
+    for s in new:
+        s.load_state_dict(head[0].state_dict())
+    rest = [b_ for s in new for b_ in s]
+    got = collections.Counter(i for b_ in first + rest for i in b_)
+    assert all(lengths[i] <= limit for i in got)
+    drawn = collections.Counter(i for i in head[0].mix.draw(2, 0).tolist() if lengths[i] <= limit)
+    assert not drawn - got and sum((got - drawn).values()) <= 3 + 2

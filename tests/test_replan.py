@@ -99,22 +99,55 @@ def test_resize_twice_and_back(corpus):
     assert len(ds) == make(corpus[0], 0, 4).epoch_summary(2).steps and "segments" not in ds.state_dict()
 
 
-@settings(max_examples=examples(25), deadline=None)
-@given(st.lists(st.integers(0, 50), min_size=1, max_size=12), st.integers(1, 6), st.integers(0, 3),
-       st.sampled_from(["greedy", "bucketed"]), st.booleans())
-def test_without_history_the_windows_are_iter_windows(counts, world, epoch, planner, drop_last):
-    rng = np.random.default_rng(len(counts))
-    lens = {s: rng.integers(1, 300, c) for s, c in enumerate(counts)}
+def trained(windows, lo: int, hi: int) -> list[tuple[int, int]]:
+    """(shard, index) of every sample the windows train in epoch steps [lo, hi)."""
+    out = []
+    for w in windows:
+        assert (w.plan.batch_sizes() >= 1).all()  # equal steps: every rank has a batch in every step
+        for s in range(w.num_steps):
+            if lo <= w.first_step + s < hi:
+                for r in range(w.plan.world_size):
+                    i = w.plan.batch(s, r)
+                    out += list(zip(w.shard_ids[i].tolist(), w.local[i].tolist()))
+    return out
+
+
+@settings(max_examples=examples(40), deadline=None)
+@given(st.lists(st.integers(0, 60), min_size=1, max_size=10), st.lists(st.tuples(st.integers(1, 6), st.floats(0, 1)),
+       max_size=3), st.integers(1, 6), st.sampled_from(["greedy", "bucketed"]), st.booleans(),
+       st.sampled_from([None, 600]), st.integers(0, 2**20))
+def test_window_segments_train_every_sample_once(counts, history, world, planner, drop_last, max_length, seed):
+    rng = np.random.default_rng(seed)
+    lens = {s: np.ceil(np.exp(rng.normal(5, 0.9, c))).astype(np.int64) for s, c in enumerate(counts)}
     counts = np.array(counts, dtype=np.int64)
-    cfg = WindowConfig(2000, 8, world, 40, True, drop_last, 3, planner)
-    a = list(iter_windows(counts, lens.__getitem__, cfg, epoch))
-    b = list(plan_windows(plain_inputs(counts, lens.__getitem__, cfg, epoch), cfg, epoch))
-    assert len(a) == len(b)
-    for x, y in zip(a, b):
-        assert x.first_step == y.first_step and x.last == y.last
-        for f in ("samples", "offsets", "step_order"):
-            assert (getattr(x.plan, f) == getattr(y.plan, f)).all()
-        assert (x.shard_ids == y.shard_ids).all() and (x.local == y.local).all()
+
+    def windows(w, segments):
+        cfg = WindowConfig(3000, 8, w, 50, True, drop_last, seed, planner, (), "sample", max_length)
+        return list(plan_windows(plain_inputs(counts, lens.__getitem__, cfg, 1), cfg, 1, segments))
+
+    segments, got, ended = (), [], False
+    for w, frac in history:
+        ws = windows(w, segments)
+        done = sum(k for _, k in segments)
+        total = sum(x.num_steps for x in ws)
+        k = int(frac * (total - done))
+        got += trained(ws, done, done + k)
+        ended = ended or done + k == total
+        segments += ((w, k),)
+    ws = windows(world, segments)
+    done = sum(k for _, k in segments)
+    got += trained(ws, done, 10**9)
+    assert trained(windows(world, segments), done, 10**9) == trained(ws, done, 10**9)  # deterministic
+    c = collections.Counter(got)
+    wanted = {(s, i) for s, x in lens.items() for i, v in enumerate(x) if max_length is None or v <= max_length}
+    assert set(c) <= wanted
+    missing = len(wanted - set(c))
+    last = [x for x in ws if x.last]
+    if not drop_last:
+        assert missing == 0
+    elif not ended and last:
+        assert missing == last[0].plan.num_dropped
+    assert sum(c.values()) - len(c) <= sum(w - 1 for w, k in segments if k) + world - 1
 
 
 @pytest.mark.slow  # DataLoader worker processes

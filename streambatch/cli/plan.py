@@ -14,14 +14,13 @@ import os
 import re
 import sys
 import time
+from typing import Any
 
 import numpy as np
 
+from ..core.units import seconds_to_frames
+from .args import Formatter, add_plan_args, length_limit, positive_float, whole
 from .report import audio_time
-from typing import Any
-
-from .args import Formatter, add_plan_args, positive_float, whole
-
 
 _BRACES = re.compile(r"\{\d+\.\.\d+\}")
 _SHARD_EXT = (".tar", ".tar.gz", ".tgz")
@@ -123,10 +122,22 @@ def load_mix(args: argparse.Namespace) -> tuple[np.ndarray, str, float | None, A
 
 def run_plan(args: argparse.Namespace) -> int:
     from ..core.config import PlanConfig
+    from ..core.long_samples import check_max_length, too_long
     from ..planners import make_plan, plan_epoch
     from ..planners.epoch import plan_epoch_steps
-    from .report import (check_figure_path, format_mix, format_quality, histogram, mix_shares, plan_batches,
-                         plot_plan, quality, seconds_label)
+    from .outliers import find_outliers
+    from .report import (
+        check_figure_path,
+        epoch_time_bound,
+        format_mix,
+        format_quality,
+        histogram,
+        mix_shares,
+        plan_batches,
+        plot_plan,
+        quality,
+        seconds_label,
+    )
 
     plot = check_figure_path(args.plot) if args.plot else None
     options = dict(args.planner_option)
@@ -141,6 +152,13 @@ def run_plan(args: argparse.Namespace) -> int:
         raise ValueError("--samples-per-epoch applies to --mix")
     else:
         lengths, source, fps = load_inputs(args.inputs, args.field, args.frames_per_second, args.index_dir)
+    limit = resolve_max_length(args.max_length, fps)
+    over = too_long(lengths, *check_max_length(limit, args.long_samples))
+    # A mix plans the epoch's draw (its indices address all sources' lengths): long samples are left out of
+    # it by index. One input: they are removed, as before.
+    keep = np.delete(np.arange(lengths.size), over) if over.size and mix is not None else None
+    if over.size and mix is None:
+        lengths = np.delete(lengths, over)
     # Load the compiled planner first, so the time below is planning only.
     make_plan(np.ones(args.world_size, dtype=np.int64), config)
 
@@ -150,21 +168,33 @@ def run_plan(args: argparse.Namespace) -> int:
     t = time.perf_counter()
     if mix is None:
         plan = make_plan(lengths, config, epoch=args.epoch)
+        held = lengths  # what the epoch holds
     else:
         plan = plan_epoch_steps(lengths, plan_fn, args.world_size, args.seed, args.epoch, mix=mix,
-                                shuffle=not args.no_shuffle).plan
+                                shuffle=not args.no_shuffle, keep=keep).plan
+        drawn = mix.draw(args.seed, args.epoch, not args.no_shuffle)
+        held = lengths[drawn if keep is None else drawn[np.isin(drawn, keep)]]
     seconds = time.perf_counter() - t
+    total = int(held.size + over.size) if mix is None else mix.samples_per_epoch
     batches = plan_batches(plan, lengths)
-    # what the epoch holds: every input once, or the mix's draw
-    held = lengths if mix is None else lengths[mix.draw(args.seed, args.epoch, not args.no_shuffle)]
     q = quality(batches, args.max_batch_tokens)
+    bound = epoch_time_bound(held, args.world_size)
     shares = None if mix is None else mix_shares(plan, mix)
+
+    def epoch_time(kept: np.ndarray) -> float:
+        again = make_plan(kept, args.max_batch_tokens, args.max_batch_size, args.world_size,
+                          shuffle=not args.no_shuffle, drop_last=args.drop_last, seed=args.seed, epoch=args.epoch,
+                          planner=args.planner, **options)
+        return quality(plan_batches(again, kept), args.max_batch_tokens).epoch_time
+
+    note = find_outliers(held, batches, epoch_time, fps) if held.size else None
     if args.json:
         out = {"samples": int(held.size), "source": source, "planner": args.planner,
                "max_batch_tokens": args.max_batch_tokens, "max_batch_size": args.max_batch_size,
                "world_size": args.world_size, "seed": args.seed, "epoch": args.epoch,
                "num_padded": plan.num_padded, "num_dropped": plan.num_dropped, "plan_seconds": seconds,
-               **q.as_dict()}
+               "max_length": limit, "num_too_long": int(over.size), **q.as_dict(), "epoch_time_bound": bound,
+               "outliers": None if note is None else {**note.__dict__, "text": note.text()}}
         if mix is not None:
             out["samples_per_epoch"] = mix.samples_per_epoch
             out["sources"] = [{"name": n, "samples": size, "quota": quota, "target_share": target,
@@ -175,7 +205,11 @@ def run_plan(args: argparse.Namespace) -> int:
         print(json.dumps(out))
     else:
         opts = "".join(f", {k}={v!r}" for k, v in options.items())
-        print(f"{held.size:,} samples from {source}")
+        print(f"{total:,} samples from {source}")
+        if over.size:
+            whose = " of the sources' samples are" if mix is not None else ""
+            print(f"  {over.size:,}{whose} longer than --max-length {args.max_length} ({limit:,}) left out: "
+                  f"{held.size:,} planned")
         print(f"  planner {args.planner}{opts}, max_batch_tokens {args.max_batch_tokens:,}, max_batch_size "
               f"{args.max_batch_size}, world size {args.world_size}, seed {args.seed}, epoch {args.epoch}")
         print(f"  planned in {seconds:.3f} s ({held.size / max(seconds, 1e-9) / 1e6:.1f}M samples/s, warm)")
@@ -189,6 +223,10 @@ def run_plan(args: argparse.Namespace) -> int:
                   f"cycle){extra}\n")
             print("\n".join(format_mix(names, mix, shares, args.epoch)) + "\n")
         print("\n".join(format_quality(q)))
+        print(f"  epoch time bound     {bound:.4g}   max(sum L^2 / W, max L^2): no plan is faster "
+              f"(this one: {q.epoch_time / bound if bound else 1:.2f}x)")
+        if note is not None:
+            print(f"\nlong samples: {note.text()}")
         print(f"\nbatch size (samples per batch, {q.batches:,} batches)")
         print("\n".join(histogram(batches.sizes[batches.sizes > 0])))
         unit = "frames" if fps else "length units"
@@ -199,6 +237,18 @@ def run_plan(args: argparse.Namespace) -> int:
                   title=f"{source}: {args.planner}, budget {args.max_batch_tokens:,}, W={args.world_size}")
         print(f"\nwrote {plot}", file=sys.stderr if args.json else sys.stdout)
     return 0
+
+
+def resolve_max_length(text: str | None, fps: float | None) -> int | None:
+    """--max-length in length units: ``1500`` as is, ``30s`` at the frame rate."""
+    if text is None:
+        return None
+    if text.endswith("s"):
+        if not fps:
+            raise ValueError(f"--max-length {text} is in seconds: give --frames-per-second too, or the limit in "
+                             "length units (e.g. --max-length 1500)")
+        return seconds_to_frames(float(text[:-1]), fps)
+    return int(text)
 
 
 def _length_summary(lengths: np.ndarray, fps: float | None) -> str:
@@ -246,6 +296,11 @@ def add_parser(sub: Any, planners: list[str], seed_exact: str) -> None:
     pl.add_argument("--frames-per-second", "--fps", type=positive_float, metavar="FPS",
                     help="values are seconds: length = ceil(seconds x this) (e.g. 50 or 100)")
     pl.add_argument("--index-dir", metavar="DIR", help="where the shards' sidecars are, if not next to the shards")
+    pl.add_argument("--max-length", type=length_limit, metavar="L",
+                    help="leave out samples longer than this: length units (1500) or seconds (30s, needs the "
+                         "frame rate)")
+    pl.add_argument("--long-samples", choices=("drop", "raise"), default="drop",
+                    help="with --max-length: drop longer samples (counted) or fail on them")
     pl.add_argument("--plot", metavar="FILE.png", help="also write a figure (needs matplotlib)")
     pl.add_argument("--json", action="store_true", help="print the metrics as one JSON object instead")
     pl.set_defaults(run=("plan", "run_plan"))

@@ -41,18 +41,29 @@ class EpochPlan:
 
 
 def plan_epoch_steps(lengths: np.ndarray, plan_fn: PlanFn, world_size: int, seed: int, epoch: int, *,
-                     mix: Mix | None = None, shuffle: bool = True, segments: Segments = ()) -> EpochPlan:
+                     mix: Mix | None = None, shuffle: bool = True, segments: Segments = (),
+                     keep: np.ndarray | None = None) -> EpochPlan:
     """Plan epoch ``epoch``.
 
     lengths: (N,) int64, all sources concatenated when mixing.
     plan_fn(lengths, world_size, seed, epoch) -> Plan: the ordinary planner
-    with every other setting bound. Without mix and segments this is exactly
-    ``plan_fn(lengths, world_size, seed, epoch)``.
+    with every other setting bound. keep: sorted (K,) int64 indices of the
+    samples that may be planned (None: all; e.g. those within max_length):
+    the others are left out, also when a mix draws them. Without mix,
+    segments and keep this is exactly ``plan_fn(lengths, world_size, seed,
+    epoch)``.
     """
     if mix is None:
-        plan, base = plan_segments(lengths, plan_fn, world_size, segments, seed, epoch)
-        return EpochPlan(plan, base)
+        if keep is None:
+            plan, base = plan_segments(lengths, plan_fn, world_size, segments, seed, epoch)
+            return EpochPlan(plan, base)
+        plan, base = plan_segments(lengths[keep], plan_fn, world_size, segments, seed, epoch)
+        return EpochPlan(remap(plan, keep), base)
     drawn = mix.draw(seed, epoch, shuffle)
+    if keep is not None:
+        allowed = np.zeros(lengths.shape[0], dtype=bool)
+        allowed[keep] = True
+        drawn = drawn[allowed[drawn]]
     plan, base = plan_segments(lengths[drawn], plan_fn, world_size, segments, seed, epoch,
                                labels=mix.source_of(drawn), num_sources=mix.num_sources)
     return EpochPlan(remap(plan, drawn), base)

@@ -13,9 +13,10 @@ from torch.utils.data import IterableDataset, get_worker_info
 
 from ..core import state as S
 from ..core.config import check_epoch
+from ..core.long_samples import check_max_length, too_long
 from ..core.validation import check_flag, check_int
 from ..core.plan import config_fingerprint
-from ..planners import plan_epoch
+from ..planners import RECOMMENDED, plan_epoch
 from ..planners.elastic import Segments, resize
 from ..torch_glue.distributed import active, agree, guess_world, is_distributed, resolve_world, will_check
 from ..torch_glue.elastic import SharedSegments, dataset_state_from_loader, is_loader_state
@@ -59,7 +60,15 @@ class StreamingBatches(IterableDataset):
     samples_per_epoch: with weighted sources, samples per epoch (default:
         the sum of the sources' samples).
     max_batch_tokens, max_batch_size, planner, **planner_options: as for
-        ``make_plan``; each window is planned with them.
+        ``make_plan``; each window is planned with them. The planner defaults
+        to ``"bucketed"`` (streaming has no seed sampler to reproduce, and it
+        balances and pads best; ``DynamicBatchSampler`` keeps ``"greedy"``).
+    max_length, long_samples: samples longer than ``max_length`` (length
+        units, as in the sidecars) are never planned nor read
+        (``long_samples="drop"``: counted in ``num_too_long`` and
+        ``epoch_summary().too_long``, and logged) or make the constructor raise
+        naming the shard (``"raise"``; it reads every sidecar once). None
+        (default): no limit.
     window_samples: samples per planning window (consecutive shards are
         grouped until they hold this many). Larger windows shuffle more widely
         and balance better; memory is one window's sidecar arrays (~50 bytes
@@ -100,11 +109,12 @@ class StreamingBatches(IterableDataset):
     def __init__(self, urls: Any, max_batch_tokens: Any, max_batch_size: Any = 64, *,
                  window_samples: Any = None, read_mode: str | None = None, shuffle: bool = True,
                  drop_last: bool = False, seed: Any = 42,
-                 rank: Any = None, world_size: Any = None, planner: str = "greedy",
+                 rank: Any = None, world_size: Any = None, planner: str = RECOMMENDED,
                  index_dir: str | None = None, index_missing: bool = False, length_from: Any = None,
                  frames_per_second: Any = None, index_workers: Any = 1, decode: Any = None,
                  collate_fn: Callable | None = None, on_error: str = "raise", verify: bool = True,
-                 samples_per_epoch: Any = None, **planner_options: Any):
+                 max_length: Any = None, long_samples: str = "drop", samples_per_epoch: Any = None,
+                 **planner_options: Any):
         super().__init__()
         failure: BaseException | None = None
         world: Any = world_size
@@ -121,6 +131,7 @@ class StreamingBatches(IterableDataset):
             verify_shards = "full" if verify == "full" else "stat"
             self.verify = True if verify_shards == "full" else check_flag("verify", verify)
             rank, world = resolve_world(rank, world_size)
+            max_length, long_samples = check_max_length(max_length, long_samples)
             if mixed:
                 if read_mode not in (None, "sample"):
                     raise ValueError(f"mixed sources are streamed with read_mode='sample', got {read_mode!r}")
@@ -132,7 +143,7 @@ class StreamingBatches(IterableDataset):
                 window_samples = default_window(read_mode, world)
             self.config = WindowConfig.build(max_batch_tokens, max_batch_size, world, shuffle, drop_last, seed,
                                              planner, planner_options, window_samples=window_samples,
-                                             read_mode=read_mode)
+                                             read_mode=read_mode, max_length=max_length)
             if on_error not in ("raise", "skip"):
                 raise ValueError(f"on_error must be 'raise' or 'skip', got {on_error!r}")
             if decode is not None and decode != "audio" and not callable(decode):
@@ -175,6 +186,9 @@ class StreamingBatches(IterableDataset):
                 self.fingerprint = self.fingerprint_at(world)
                 if self.catalog.num_samples == 0:
                     raise ValueError(f"the {len(self.catalog.urls)} shards hold no samples; check the shard list")
+                if long_samples == "raise":
+                    for i, url in enumerate(self.catalog.urls):
+                        too_long(self.catalog.lengths(i), max_length, long_samples, where=f" of shard {url}")
             except Exception as exc:
                 failure = exc
         if will_check(verify, world):
@@ -259,8 +273,16 @@ class StreamingBatches(IterableDataset):
                 summary = summarize(self.catalog.counts, self.catalog.lengths, self.config, epoch)
             else:
                 summary = summarize_windows(self._windows(epoch, segments), self.samples_per_epoch, epoch)
+            if summary.too_long and not self._summaries:  # once per dataset, not per epoch
+                log.warning("StreamingBatches: %d of %d samples are longer than max_length=%d and are left out",
+                            summary.too_long, self.catalog.num_samples, self.config.max_length)
             self._summaries[(epoch, segments)] = summary
         return self._summaries[(epoch, segments)]
+
+    @property
+    def num_too_long(self) -> int:
+        """Samples longer than ``max_length``, left out of every epoch."""
+        return self.epoch_summary().too_long
 
     def __len__(self) -> int:
         """Batches this rank (every rank) yields in the current epoch."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import logging
 import numbers
 import sys
 import warnings
@@ -15,6 +16,8 @@ from torch.utils.data import Sampler
 
 from ..core import state as S
 from ..core.config import PlanConfig, check_epoch
+from ..core.hashing import hash_array
+from ..core.long_samples import check_max_length, too_long
 from ..core.mix import Mix, specs_from
 from ..core.plan import Plan, RankBatches, config_fingerprint
 from ..core.state import differences, read_state, state_int
@@ -25,6 +28,7 @@ from ..planners.epoch import EpochPlan, plan_epoch_steps
 from .distributed import active, agree, resolve_world, will_check
 
 KIND = "DynamicBatchSampler"
+log = logging.getLogger("streambatch.sampler")
 
 
 class DynamicBatchSampler(Sampler[list[int]]):
@@ -45,21 +49,27 @@ class DynamicBatchSampler(Sampler[list[int]]):
             takes them from ``torch.distributed`` (0 and 1 when it is not
             initialised and no launcher started several processes).
         planner: ``"greedy"`` (seed-exact) or another registered planner.
-        mix: a ``Mix`` of sources concatenated in ``lengths`` (built by
-            ``DynamicBatchSampler.mixed``); each epoch then plans the mix's
-            draw (see ``streambatch.core.mix``) instead of every sample once.
         verify: when ``torch.distributed`` is initialised and world_size > 1,
             check with one small all-reduce at construction, in every
             ``set_epoch`` and in ``load_state_dict`` that all ranks hold the same
             plan, epoch and start position, and raise on every rank if not (or
             if any rank failed to build its plan) instead of hanging. These
             calls are then collectives: make them on every rank.
+        max_length, long_samples: samples longer than ``max_length`` (length
+            units) are left out of every batch (``long_samples="drop"``,
+            counted in ``num_too_long`` and logged; ``len(dataset)`` is
+            unchanged, their indices just never appear) or make the
+            constructor raise (``"raise"``). None (default): no limit.
+        mix: a ``Mix`` of sources concatenated in ``lengths`` (built by
+            ``DynamicBatchSampler.mixed``); each epoch then plans the mix's
+            draw (see ``streambatch.core.mix``) instead of every sample once.
         **planner_options: options of the chosen planner.
     """
 
     def __init__(self, lengths: Any, max_batch_tokens: Any, max_batch_size: Any = 64, shuffle: Any = True,
                  drop_last: Any = False, rank: Any = 0, world_size: Any = 1, seed: Any = 42,
-                 *, planner: str = "greedy", verify: Any = True, mix: Mix | None = None, **planner_options: Any):
+                 *, planner: str = "greedy", verify: Any = True, max_length: Any = None,
+                 long_samples: str = "drop", mix: Mix | None = None, **planner_options: Any):
         failure = plan = None
         world: Any = world_size
         self._segments: Segments = ()  # elastic history of the current epoch
@@ -70,6 +80,14 @@ class DynamicBatchSampler(Sampler[list[int]]):
             self.config = PlanConfig.build(max_batch_tokens, max_batch_size, world, shuffle, drop_last, seed,
                                            planner, planner_options)
             self.lengths = coerce_lengths(lengths)
+            self.max_length, self.long_samples = check_max_length(max_length, long_samples)
+            over = too_long(self.lengths, self.max_length, self.long_samples)
+            # Planned sample i is dataset index _kept[i]; None: every sample is planned.
+            self._kept = np.delete(np.arange(self.lengths.size), over) if over.size else None
+            self.num_too_long = int(over.size)
+            if over.size:
+                log.warning("DynamicBatchSampler: %d of %d samples are longer than max_length=%d and are left out "
+                            "of every batch", over.size, self.lengths.size, self.max_length)
             self.mix = _check_mix(mix, self.lengths.shape[0])
             self._fingerprint = self._fingerprint_at(world)
             plan = self._plan(0).plan
@@ -90,6 +108,17 @@ class DynamicBatchSampler(Sampler[list[int]]):
         self._prefetcher: Any = None
         self._prefetch_start = 0
 
+    # ------------------------------------------------------------ settings
+
+    max_batch_tokens = property(lambda self: self.config.max_batch_tokens)
+    max_batch_size = property(lambda self: self.config.max_batch_size)
+    world_size = property(lambda self: self.config.world_size)
+    shuffle = property(lambda self: self.config.shuffle)
+    drop_last = property(lambda self: self.config.drop_last)
+    seed = property(lambda self: self.config.seed)
+    planner = property(lambda self: self.config.planner)
+    planner_options = property(lambda self: self.config.options)
+
     @classmethod
     def mixed(cls, sources: Any, max_batch_tokens: Any, max_batch_size: Any = 64, *, weights: Any = None,
               samples: Any = None, repeats: Any = None, samples_per_epoch: Any = None,
@@ -103,7 +132,8 @@ class DynamicBatchSampler(Sampler[list[int]]):
             (per-source counts per epoch) or ``repeats`` (per-source factors);
             none: every sample once. Each source is read in cycles, a fresh
             order per cycle, every sample once per cycle; an epoch continues
-            where the last stopped (see ``streambatch.core.mix``).
+            where the last stopped (see ``streambatch.core.mix``). With
+            ``max_length``, drawn samples over it are left out of the epoch.
         kwargs: the constructor's other arguments (shuffle, rank, seed, planner...).
         """
         if isinstance(sources, (str, bytes)) or not hasattr(sources, "__len__") or len(sources) == 0:
@@ -116,6 +146,9 @@ class DynamicBatchSampler(Sampler[list[int]]):
     def _fingerprint_at(self, world_size: int) -> int:
         """The state fingerprint a sampler like this one has at ``world_size``."""
         fp = dataclasses.replace(self.config, world_size=world_size).fingerprint(self.lengths)
+        if self.max_length is not None:  # part of the configuration only when set: old states still load
+            mark = np.array([self.max_length, self.long_samples == "raise"], dtype=np.int64)
+            fp = int(hash_array(mark, np.uint64(fp))) >> 1
         if self.mix is not None:
             fp = config_fingerprint(np.array(self.mix.sizes + self.mix.counts, dtype=np.int64), fp)
         return fp
@@ -127,9 +160,9 @@ class DynamicBatchSampler(Sampler[list[int]]):
         """Epoch ``epoch`` at this world size after ``segments`` (the ordinary
         plan when there is neither a mix nor a history)."""
         if self.mix is None and not segments:
-            return EpochPlan(plan_epoch(self.lengths, self.config, epoch))
+            return EpochPlan(self._plan_epoch(epoch))
         return plan_epoch_steps(self.lengths, self._plan_fn, self.world_size, self.seed, epoch, mix=self.mix,
-                                shuffle=self.shuffle, segments=segments)
+                                shuffle=self.shuffle, segments=segments, keep=self._kept)
 
     def source_positions(self) -> list[tuple[int, int]]:
         """Mixing: per source, (cycle, position in it) at the start of the
@@ -142,16 +175,14 @@ class DynamicBatchSampler(Sampler[list[int]]):
         from a state saved at another world size)."""
         return self._base
 
-    # ------------------------------------------------------------ settings
-
-    max_batch_tokens = property(lambda self: self.config.max_batch_tokens)
-    max_batch_size = property(lambda self: self.config.max_batch_size)
-    world_size = property(lambda self: self.config.world_size)
-    shuffle = property(lambda self: self.config.shuffle)
-    drop_last = property(lambda self: self.config.drop_last)
-    seed = property(lambda self: self.config.seed)
-    planner = property(lambda self: self.config.planner)
-    planner_options = property(lambda self: self.config.options)
+    def _plan_epoch(self, epoch: int) -> Plan:
+        """The plan of ``epoch``, in dataset indices (samples over max_length left out)."""
+        kept = self._kept
+        plan = plan_epoch(self.lengths if kept is None else self.lengths[kept], self.config, epoch)
+        if kept is not None:  # back to dataset indices
+            leftover = None if plan.leftover is None else kept[plan.leftover]
+            plan = dataclasses.replace(plan, samples=kept[plan.samples], leftover=leftover)
+        return plan
 
     def _checking(self) -> bool:
         return self.verify and active(self.world_size)
