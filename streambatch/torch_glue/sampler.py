@@ -210,7 +210,8 @@ class DynamicBatchSampler(Sampler[list[int]]):
 
     @property
     def batches(self) -> RankBatches:
-        """This rank's batches of the current epoch: a lazy ``Sequence[list[int]]``."""
+        """This rank's batches of the current epoch: a lazy ``Sequence[list[int]]``
+        (after an elastic resume: this world's steps, from ``base_step`` on)."""
         return self.plan.rank_batches(self.rank)
 
     @property
