@@ -149,3 +149,65 @@ def test_mixed_epoch_realises_the_quotas_exactly():
         got = np.bincount(mix.source_of(trained), minlength=2) - [0, 0]
         assert abs(got[0] - 1500) + abs(got[1] - 1000) <= plan.num_padded
         assert plan.batch_sizes().min() >= 1
+
+
+M64 = (1 << 64) - 1
+
+
+def splitmix(h: int, v: int) -> int:
+    """Pure-Python twin of ``core.hashing._mix``."""
+    z = ((h ^ v) + 0x9E3779B97F4A7C15) & M64
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & M64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & M64
+    return z ^ (z >> 31)
+
+
+def naive_fisher_yates(n: int, key: int) -> list[int]:
+    a = list(range(n))
+    for i in range(n - 1):
+        j = i + (((splitmix(key, i) >> 32) * (n - i)) >> 32)
+        a[i], a[j] = a[j], a[i]
+    return a
+
+
+def naive_feistel(n: int, key: int) -> list[int]:
+    bits = max(1, (n - 1).bit_length())
+    u, v = bits // 2, bits - bits // 2
+    keys = [splitmix(splitmix(key, r), 0x726F756E64) for r in range(6)]
+    out = []
+    for i in range(n):
+        y = i
+        while True:
+            a, b = y >> v, y & ((1 << v) - 1)
+            for r in range(6):
+                m = (1 << (u if r % 2 == 0 else v)) - 1
+                a, b = b, (a + splitmix(keys[r], b)) & m
+            y = (a << v) | b
+            if y < n:
+                break
+        out.append(y)
+    return out
+
+
+@settings(max_examples=examples(100), deadline=None)
+@given(st.integers(2, 300), st.integers(0, 2**64 - 1), st.data())
+def test_permutation_kernels_match_naive_twins(n, key, data):
+    from streambatch.core.shuffle import feistel_range, fisher_yates_range
+
+    lo = data.draw(st.integers(0, n))
+    hi = data.draw(st.integers(lo, n))
+    for kernel, twin in ((fisher_yates_range, naive_fisher_yates), (feistel_range, naive_feistel)):
+        out = np.empty(hi - lo, dtype=np.int64)
+        kernel(n, np.uint64(key), lo, hi, out)
+        full = twin(n, key)
+        assert sorted(full) == list(range(n)) and out.tolist() == full[lo:hi]
+
+
+def test_large_cycles_are_permutations_and_slices_agree():
+    from streambatch.core.shuffle import SMALL, permutation_slice
+
+    for n in (SMALL - 1, SMALL, SMALL + 3, 3 * SMALL + 1):
+        whole = permutation_slice(n, 12345, 0, n)
+        assert np.array_equal(np.sort(whole), np.arange(n))
+        assert np.array_equal(permutation_slice(n, 12345, n // 3, n // 2), whole[n // 3 : n // 2])
+        assert abs(np.corrcoef(np.arange(n), whole)[0, 1]) < 0.02

@@ -36,6 +36,8 @@ from typing import Any
 
 import numpy as np
 
+from .shuffle import permutation_slice
+
 _U64 = 1 << 64
 _MIX_TAG = 0x6D6978  # "mix": keeps these seed sequences apart from the window seeds
 
@@ -183,7 +185,7 @@ class Mix:
         at = 0
         for i, (off, n, c) in enumerate(zip(self.offsets.tolist(), self.sizes, self.counts)):
             for cycle, lo, hi in stream_pieces(n, epoch * c, (epoch + 1) * c):
-                out[at : at + hi - lo] = cycle_order(n, seed, i, cycle, shuffle)[lo:hi].astype(np.int64) + off
+                out[at : at + hi - lo] = cycle_slice(n, seed, i, cycle, lo, hi, shuffle) + off
                 at += hi - lo
         return out
 
@@ -200,13 +202,21 @@ def stream_pieces(n: int, start: int, stop: int) -> list[tuple[int, int, int]]:
     return pieces
 
 
+def cycle_key(seed: int, source: int, cycle: int) -> int:
+    """The 64-bit key of one cycle's order: drawn from (seed, source, cycle)."""
+    words = np.random.SeedSequence([seed % _U64, source, cycle, _MIX_TAG]).generate_state(2, np.uint32)
+    return (int(words[0]) << 32) | int(words[1])
+
+
+def cycle_slice(n: int, seed: int, source: int, cycle: int, lo: int, hi: int, shuffle: bool = True) -> np.ndarray:
+    """(hi - lo,) int64 positions ``lo:hi`` of one cycle's order of a source
+    of ``n``: a permutation drawn from (seed, source, cycle) alone, or
+    ``0..n-1`` without shuffling. Costs O(hi - lo) time and memory."""
+    if not shuffle:
+        return np.arange(lo, hi, dtype=np.int64)
+    return permutation_slice(n, cycle_key(seed, source, cycle), lo, hi)
+
+
 def cycle_order(n: int, seed: int, source: int, cycle: int, shuffle: bool = True) -> np.ndarray:
-    """(n,) int32 (int64 past 2**31) order of one cycle of a source: a
-    permutation drawn from (seed, source, cycle) alone, or 0..n-1 without
-    shuffling."""
-    # int32 when it fits: a cycle of 100M samples is then 400 MB while it is drawn from, not 800 MB
-    order = np.arange(n, dtype=np.int32 if n < 2**31 else np.int64)
-    if shuffle:
-        rng = np.random.Generator(np.random.PCG64(np.random.SeedSequence([seed % _U64, source, cycle, _MIX_TAG])))
-        rng.shuffle(order)
-    return order
+    """(n,) int64 order of one whole cycle (see ``cycle_slice``)."""
+    return cycle_slice(n, seed, source, cycle, 0, n, shuffle)

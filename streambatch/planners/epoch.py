@@ -19,6 +19,7 @@ import numpy as np
 from ..core.mix import Mix
 from ..core.plan import Plan
 from .elastic import PlanFn, Segments, plan_segments, remap
+from .interleave import source_labels
 
 
 @dataclass(frozen=True)
@@ -64,6 +65,7 @@ def plan_epoch_steps(lengths: np.ndarray, plan_fn: PlanFn, world_size: int, seed
         allowed = np.zeros(lengths.shape[0], dtype=bool)
         allowed[keep] = True
         drawn = drawn[allowed[drawn]]
+    labels = source_labels(mix.source_of(drawn), mix.num_sources)
     plan, base = plan_segments(lengths[drawn], plan_fn, world_size, segments, seed, epoch,
-                               labels=mix.source_of(drawn), num_sources=mix.num_sources)
+                               labels=labels, num_sources=mix.num_sources)
     return EpochPlan(remap(plan, drawn), base)

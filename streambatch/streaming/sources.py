@@ -172,7 +172,7 @@ def _cycle(sc: SourceCatalog, orders: dict, source: int, cycle: int, seed: int, 
         for old in [k for k in orders if k[0] == source]:
             del orders[old]
         lo, hi = int(sc.bounds[source]), int(sc.bounds[source + 1])
-        order = cycle_order(hi - lo, seed, source, cycle, shuffle).astype(np.int64) + lo
+        order = cycle_order(hi - lo, seed, source, cycle, shuffle) + lo
         edges = np.concatenate([[0], np.cumsum(sc.catalog.counts[order])]).astype(np.int64)
         orders[key] = (order, edges)
     return orders[key]
