@@ -222,3 +222,24 @@ def test_mixed_sampler_with_max_length_leaves_long_draws_out():
     assert all(lengths[i] <= limit for i in got)
     drawn = collections.Counter(i for i in head[0].mix.draw(2, 0).tolist() if lengths[i] <= limit)
     assert not drawn - got and sum((got - drawn).values()) <= 3 + 2
+
+
+def test_64_ranks_resume_on_48():
+    lengths = lognormal_lengths(30_000, seed=21)
+
+    def world(w):
+        return [DynamicBatchSampler(lengths, 16_000, 64, rank=r, world_size=w, seed=1, planner="bucketed", verify=False)
+                for r in range(w)]
+
+    old = world(64)
+    k = len(old[0]) // 2
+    head = [b for s in old for _, b in zip(range(k), s)]
+    state = old[0].state_dict()
+    new = world(48)
+    for s in new:
+        s.load_state_dict(state)
+    tail = [list(s) for s in new]
+    assert len({len(t) for t in tail}) == 1 and len(new[0]) == k + len(tail[0])
+    counts = np.bincount(np.concatenate([np.concatenate(head)] + [np.concatenate(t) for t in tail]),
+                         minlength=len(lengths))
+    assert (counts >= 1).all() and (counts - 1).sum() <= 47
