@@ -8,9 +8,10 @@ import json
 import numpy as np
 import pytest
 
-from helpers import lognormal_lengths
 from streambatch import DynamicBatchSampler
 from streambatch.cli.main import main
+
+from helpers import lognormal_lengths
 
 
 def test_plan_mix_reports_realised_shares(tmp_path, capsys):

@@ -8,11 +8,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from helpers import examples, lognormal_lengths
 from streambatch import make_plan
 from streambatch.core.mix import Mix, SourceSpec, apportion, specs_from
 from streambatch.planners.epoch import plan_epoch_steps
 from streambatch.planners.interleave import deficit_order, interleave_steps, step_counts
+
+from helpers import examples, lognormal_lengths
 
 
 @settings(max_examples=examples(200), deadline=None)

@@ -11,12 +11,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from helpers import examples
-from shards import FPS, write_corpus
 from streambatch.streaming import StreamingBatches, index_shards
 from streambatch.streaming.replan import plain_inputs, plan_windows
 from streambatch.streaming.sources import Source
-from streambatch.streaming.window import WindowConfig, iter_windows
+from streambatch.streaming.window import WindowConfig
+
+from helpers import examples
+from shards import FPS, write_corpus
 
 SIZES = [31, 27, 0, 40, 22, 35, 29, 18, 33]
 BUDGET, CAP = 400, 4

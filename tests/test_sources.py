@@ -9,10 +9,11 @@ import collections
 import numpy as np
 import pytest
 
-from roundtrip import check_state_roundtrip
-from shards import FPS, write_corpus
 from streambatch.streaming import StreamingBatches, index_shards
 from streambatch.streaming.sources import Source
+
+from roundtrip import check_state_roundtrip
+from shards import FPS, write_corpus
 
 BUDGET, CAP = 400, 6
 

@@ -22,7 +22,6 @@ from numba import njit
 
 from ..core.plan import Plan
 
-
 _PURITY = np.array([0.6, 0.8, 0.95])  # class edges by the majority source's share of the step
 
 

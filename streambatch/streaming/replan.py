@@ -4,8 +4,9 @@ the loop behind ``window.iter_windows``, and the streaming side of
 
 An epoch's windows (``WindowInput``: the window's own samples; one shard list
 or a mix of sources) are planned one after another at the world size of the
-segment they fall in, each with the samples carried from the window before. When a segment ends inside a window (the run was saved after ``k``
-steps at world size ``W`` and resumed at ``W'``), the window's plan is cut
+segment they fall in, each with the samples carried from the window before.
+When a segment ends inside a window (the run was saved after ``k`` steps at
+world size ``W`` and resumed at ``W'``), the window's plan is cut
 after the steps already trained; the rest of the window, and what it carried
 in, is planned again for ``W'`` (seed drawn from (seed, epoch, window,
 piece)), and the epoch continues window by window at ``W'``. So every sample
