@@ -6,6 +6,7 @@ import importlib
 from typing import Any
 
 from .core.cost import CostModel
+from .core.mix import Mix
 from .core.plan import Plan
 from .planners import PLANNERS, make_plan
 
@@ -14,6 +15,7 @@ from .planners import PLANNERS, make_plan
 _LAZY = {
     "DynamicBatchSampler": ".torch_glue.sampler",
     "StreamingBatches": ".streaming",
+    "Source": ".streaming",
     "index_shards": ".streaming",
     "IndexSummary": ".streaming",
     "ShardError": ".streaming",
@@ -21,7 +23,7 @@ _LAZY = {
     "decode_audio": ".streaming",
 }
 
-__all__ = ["CostModel", "Plan", "PLANNERS", "make_plan", *_LAZY]
+__all__ = ["CostModel", "Mix", "Plan", "PLANNERS", "make_plan", *_LAZY]
 __version__ = "0.1.0"
 
 

@@ -240,8 +240,9 @@ def test_stateful_dataloader_resume(corpus, workers):
 
 def test_state_from_other_setup_is_refused(corpus):
     ds = make(corpus, rank=0, world_size=2)
-    with pytest.raises(ValueError, match="world_size=2.*world_size=3"):
-        make(corpus, rank=0, world_size=3).load_state_dict(ds.state_dict())
+    # another world size resumes elastically (tests/test_streaming_mix.py), but not with other settings
+    with pytest.raises(ValueError, match="other shards, sidecars or settings"):
+        make(corpus, rank=0, world_size=3, budget=500).load_state_dict(ds.state_dict())
     with pytest.raises(ValueError, match="other shards, sidecars or settings"):
         make(corpus, rank=0, world_size=2, budget=500).load_state_dict(ds.state_dict())
     with pytest.raises(ValueError, match="not a StreamingBatches state"):

@@ -8,6 +8,7 @@ the report is ``streambatch.report``'s.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import re
@@ -79,16 +80,59 @@ def load_inputs(inputs: list[str], field: str | None, fps: float | None, index_d
     return np.concatenate(parts), ", ".join(names) + how, fps
 
 
+def parse_mix(specs: list[str]) -> list[tuple[str, str, float]]:
+    """``INPUT:WEIGHT`` or ``INPUT:xREPEAT`` -> (input, "weight" | "repeat", value)."""
+    out = []
+    for spec in specs:
+        text, sep, value = spec.rpartition(":")
+        kind = "repeat" if value[:1] in "xX" else "weight"
+        try:
+            v = float(value[1:] if kind == "repeat" else value)
+        except ValueError:
+            v = float("nan")
+        if not sep or not text or not np.isfinite(v) or v < 0:
+            raise ValueError(f"--mix takes INPUT:WEIGHT or INPUT:xREPEAT (e.g. a.jsonl:0.6 or clean.npy:x3), "
+                             f"got {spec!r}")
+        out.append((text, kind, v))
+    kinds = {k for _, k, _ in out}
+    if len(kinds) > 1:
+        raise ValueError("--mix: give every source a weight (a.npy:0.6 b.npy:0.4) or every source a repeat factor "
+                         "(a.npy:x1 b.npy:x3), not both")
+    return out
+
+
+def load_mix(args: argparse.Namespace) -> tuple[np.ndarray, str, float | None, Any, list[str]]:
+    """Lengths of every --mix source concatenated, a description, fps, the Mix and the source names."""
+    from ..core.mix import Mix, SourceSpec
+
+    if args.inputs:
+        raise ValueError("give INPUTs or --mix SOURCES, not both (a mixed plan reads its inputs from --mix)")
+    sources = parse_mix(args.mix)
+    parts, names, fps = [], [], args.frames_per_second
+    for text, _, _ in sources:
+        lens, name, got = load_inputs([text], args.field, fps, args.index_dir)
+        fps = fps or got
+        parts.append(lens)
+        names.append(name.split(" (")[0])
+    specs = [SourceSpec(**{kind: v}) for _, kind, v in sources]
+    mix = Mix.build([p.size for p in parts], specs, args.samples_per_epoch)
+    how = f" ({fps:g} frames/s)" if fps else ""
+    return np.concatenate(parts), f"a mix of {len(parts)} sources{how}", fps, mix, names
+
+
 def run_plan(args: argparse.Namespace) -> int:
     from ..core.config import PlanConfig
     from ..core.long_samples import check_max_length, too_long
-    from ..planners import make_plan
+    from ..planners import make_plan, plan_epoch
+    from ..planners.epoch import plan_epoch_steps
     from .outliers import find_outliers
     from .report import (
         check_figure_path,
         epoch_time_bound,
+        format_mix,
         format_quality,
         histogram,
+        mix_shares,
         plan_batches,
         plot_plan,
         quality,
@@ -99,20 +143,43 @@ def run_plan(args: argparse.Namespace) -> int:
     options = dict(args.planner_option)
     config = PlanConfig.build(args.max_batch_tokens, args.max_batch_size, args.world_size, not args.no_shuffle,
                               args.drop_last, args.seed, args.planner, options)
-    lengths, source, fps = load_inputs(args.inputs, args.field, args.frames_per_second, args.index_dir)
+    mix = None
+    if args.mix:
+        lengths, source, fps, mix, names = load_mix(args)
+    elif not args.inputs:
+        raise ValueError("give one or more INPUTs, or --mix SOURCE:WEIGHT ... to plan a weighted mix")
+    elif args.samples_per_epoch is not None:
+        raise ValueError("--samples-per-epoch applies to --mix")
+    else:
+        lengths, source, fps = load_inputs(args.inputs, args.field, args.frames_per_second, args.index_dir)
     limit = resolve_max_length(args.max_length, fps)
     over = too_long(lengths, *check_max_length(limit, args.long_samples))
-    total = int(lengths.size)
-    if over.size:
+    # A mix plans the epoch's draw (its indices address all sources' lengths): long samples are left out of
+    # it by index. One input: they are removed, as before.
+    keep = np.delete(np.arange(lengths.size), over) if over.size and mix is not None else None
+    if over.size and mix is None:
         lengths = np.delete(lengths, over)
     # Load the compiled planner first, so the time below is planning only.
     make_plan(np.ones(args.world_size, dtype=np.int64), config)
+
+    def plan_fn(lens: np.ndarray, world: int, seed: int, epoch: int):
+        return plan_epoch(lens, dataclasses.replace(config, world_size=world, seed=seed), epoch)
+
     t = time.perf_counter()
-    plan = make_plan(lengths, config, epoch=args.epoch)
+    if mix is None:
+        plan = make_plan(lengths, config, epoch=args.epoch)
+        held = lengths  # what the epoch holds
+    else:
+        plan = plan_epoch_steps(lengths, plan_fn, args.world_size, args.seed, args.epoch, mix=mix,
+                                shuffle=not args.no_shuffle, keep=keep).plan
+        drawn = mix.draw(args.seed, args.epoch, not args.no_shuffle)
+        held = lengths[drawn if keep is None else drawn[np.isin(drawn, keep)]]
     seconds = time.perf_counter() - t
+    total = int(held.size + over.size) if mix is None else mix.samples_per_epoch
     batches = plan_batches(plan, lengths)
     q = quality(batches, args.max_batch_tokens)
-    bound = epoch_time_bound(lengths, args.world_size)
+    bound = epoch_time_bound(held, args.world_size)
+    shares = None if mix is None else mix_shares(plan, mix)
 
     def epoch_time(kept: np.ndarray) -> float:
         again = make_plan(kept, args.max_batch_tokens, args.max_batch_size, args.world_size,
@@ -120,28 +187,41 @@ def run_plan(args: argparse.Namespace) -> int:
                           planner=args.planner, **options)
         return quality(plan_batches(again, kept), args.max_batch_tokens).epoch_time
 
-    note = find_outliers(lengths, batches, epoch_time, fps) if lengths.size else None
+    note = find_outliers(held, batches, epoch_time, fps) if held.size else None
     if args.json:
-        out = {"samples": int(lengths.size), "source": source, "planner": args.planner,
+        out = {"samples": int(held.size), "source": source, "planner": args.planner,
                "max_batch_tokens": args.max_batch_tokens, "max_batch_size": args.max_batch_size,
                "world_size": args.world_size, "seed": args.seed, "epoch": args.epoch,
                "num_padded": plan.num_padded, "num_dropped": plan.num_dropped, "plan_seconds": seconds,
                "max_length": limit, "num_too_long": int(over.size), **q.as_dict(), "epoch_time_bound": bound,
                "outliers": None if note is None else {**note.__dict__, "text": note.text()}}
+        if mix is not None:
+            out["samples_per_epoch"] = mix.samples_per_epoch
+            out["sources"] = [{"name": n, "samples": size, "quota": quota, "target_share": target,
+                               "share": share, "first_10pct_share": early, "cycle": cyc, "position": pos}
+                              for n, size, quota, target, share, early, (cyc, pos)
+                              in zip(names, mix.sizes, mix.counts, mix.proportions().tolist(), shares[0].tolist(),
+                                     shares[1].tolist(), mix.positions(args.epoch))]
         print(json.dumps(out))
     else:
         opts = "".join(f", {k}={v!r}" for k, v in options.items())
         print(f"{total:,} samples from {source}")
         if over.size:
-            print(f"  {over.size:,} longer than --max-length {args.max_length} ({limit:,}) left out: "
-                  f"{lengths.size:,} planned")
+            whose = " of the sources' samples are" if mix is not None else ""
+            print(f"  {over.size:,}{whose} longer than --max-length {args.max_length} ({limit:,}) left out: "
+                  f"{held.size:,} planned")
         print(f"  planner {args.planner}{opts}, max_batch_tokens {args.max_batch_tokens:,}, max_batch_size "
               f"{args.max_batch_size}, world size {args.world_size}, seed {args.seed}, epoch {args.epoch}")
-        print(f"  planned in {seconds:.3f} s ({lengths.size / max(seconds, 1e-9) / 1e6:.1f}M samples/s, warm)")
-        print(f"  {_length_summary(lengths, fps)}")
+        print(f"  planned in {seconds:.3f} s ({held.size / max(seconds, 1e-9) / 1e6:.1f}M samples/s, warm)")
+        print(f"  {_length_summary(held, fps)}")
         extra = (f", {plan.num_padded} padded repeat(s) fill the final step" if plan.num_padded else "") + \
                 (f", {plan.num_dropped} dropped with the partial final step" if plan.num_dropped else "")
-        print(f"  each sample once{extra}\n")
+        if mix is None:
+            print(f"  each sample once{extra}\n")
+        else:
+            print(f"  drawn by weight from {len(names)} sources, each read in cycles (every sample once per "
+                  f"cycle){extra}\n")
+            print("\n".join(format_mix(names, mix, shares, args.epoch)) + "\n")
         print("\n".join(format_quality(q)))
         print(f"  epoch time bound     {bound:.4g}   max(sum L^2 / W, max L^2): no plan is faster "
               f"(this one: {q.epoch_time / bound if bound else 1:.2f}x)")
@@ -151,7 +231,7 @@ def run_plan(args: argparse.Namespace) -> int:
         print("\n".join(histogram(batches.sizes[batches.sizes > 0])))
         unit = "frames" if fps else "length units"
         print(f"\nsample length ({unit}{', seconds' if fps else ''})")
-        print("\n".join(histogram(lengths, label=seconds_label(fps))))
+        print("\n".join(histogram(held, label=seconds_label(fps))))
     if plot:
         plot_plan(plot, batches, args.max_batch_tokens, args.max_batch_size,
                   title=f"{source}: {args.planner}, budget {args.max_batch_tokens:,}, W={args.world_size}")
@@ -193,10 +273,18 @@ def add_parser(sub: Any, planners: list[str], seed_exact: str) -> None:
         "                       indexed WebDataset shards (see `streambatch index`)\n\n"
         "Lengths are in the units of --max-batch-tokens (frames, tokens); durations in seconds\n"
         "need --frames-per-second.\n\n"
-        "example:\n"
+        "--mix plans a weighted mix of several INPUTs instead (as DynamicBatchSampler.mixed and\n"
+        "StreamingBatches([Source(...), ...]) do) and reports each source's realised share.\n\n"
+        "examples:\n"
         "  streambatch plan cuts.jsonl.gz --frames-per-second 50 --max-batch-tokens 16000 \\\n"
-        "      --world-size 8 --plot plan.png"))
-    pl.add_argument("inputs", nargs="+", metavar="INPUT", help="lengths file(s), manifest(s) or indexed shards")
+        "      --world-size 8 --plot plan.png\n"
+        "  streambatch plan --mix en.jsonl:0.6 zh.jsonl:0.3 inhouse.npy:0.1 --fps 50 -t 16000 -w 64"))
+    pl.add_argument("inputs", nargs="*", metavar="INPUT", help="lengths file(s), manifest(s) or indexed shards")
+    pl.add_argument("--mix", nargs="+", metavar="INPUT:WEIGHT", help="plan a weighted mix instead: each source an "
+                    "INPUT with a weight (a.jsonl:0.6 b.npy:0.4) or a repeat factor (clean.npy:x3 big.npy:x1); "
+                    "reports each source's realised share")
+    pl.add_argument("--samples-per-epoch", type=whole(1), metavar="N",
+                    help="with weighted --mix: samples drawn per epoch (default: all sources' samples)")
     add_plan_args(pl, planners, tokens=None, world=1, planner=seed_exact, seed=42,
                   tokens_help="token budget per batch: batch size x longest length <= this",
                   world_help="ranks (one batch each per step)")

@@ -26,6 +26,7 @@ import errno
 import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -229,6 +230,32 @@ def format_quality(q: Quality) -> list[str]:
         f"  time-weighted bal.   {q.time_balance:.3f}   sum of all batch costs / (W * planned epoch time)",
     ] + ([f"  over budget          {q.over_budget:,} batches (single samples longer than the budget)"]
          if q.over_budget else [])
+
+
+def mix_shares(plan: Plan, mix: Any) -> tuple[np.ndarray, np.ndarray]:
+    """(S,) share of each source among the samples a mixed plan trains on
+    (padding included), over the epoch and over its first 10 % of steps.
+    The plan's samples index the sources' concatenated lengths."""
+    from ..planners.interleave import step_counts
+
+    labels = mix.source_of(np.arange(sum(mix.sizes)))
+    counts = step_counts(plan, labels, mix.num_sources)[plan.step_order]
+    whole = counts.sum(axis=0)
+    early = counts[: max(1, int(round(0.1 * counts.shape[0])))].sum(axis=0)
+    return whole / max(whole.sum(), 1), early / max(early.sum(), 1)
+
+
+def format_mix(names: Sequence[str], mix: Any, shares: tuple[np.ndarray, np.ndarray], epoch: int) -> list[str]:
+    """Per source: size, epoch quota, target and realised share, share in the
+    epoch's first 10 % of steps, and where its cycle stands at the epoch start."""
+    width = max(8, *(len(n) for n in names))
+    lines = [f"  {'source':<{width}}  {'samples':>11}  {'per epoch':>11}  {'target':>7}  {'realised':>8}  "
+             f"{'first 10%':>9}  cycle:position"]
+    for name, size, quota, target, share, early, (cycle, pos) in zip(
+            names, mix.sizes, mix.counts, mix.proportions(), shares[0], shares[1], mix.positions(epoch)):
+        lines.append(f"  {name:<{width}}  {size:>11,}  {quota:>11,}  {target:>7.3f}  {share:>8.3f}  {early:>9.3f}  "
+                     f"{cycle}:{pos:,}")
+    return lines
 
 
 # ---------------------------------------------------------------- figures

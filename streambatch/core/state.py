@@ -5,10 +5,12 @@ that checkpoints either (or torchdata's ``StatefulDataLoader``) sees one
 format. A state is plain ints and strings (JSON- and pickle-safe) and does not
 depend on the rank, so rank 0's copy can be loaded on every rank.
 
-What must match on resume: the world size and the fingerprint (data and
-every planning setting, see ``PlanConfig.fingerprint``). ``epoch`` and
-``step`` say where to resume; a later elastic resume across world sizes can
-start from (epoch, step x world_size samples-steps, data fingerprint).
+What must match on resume: the fingerprint (data and every planning setting,
+see ``PlanConfig.fingerprint``), taken at the saved world size. ``epoch`` and
+``step`` say where to resume. A state saved at another world size resumes
+elastically: the saver's run becomes a finished segment of the epoch and the
+rest is planned for this world (``planners/elastic.py``); ``segments`` keeps
+that history, a few ints per resize.
 """
 
 from __future__ import annotations
@@ -31,6 +33,9 @@ CONFIG = "config"            # dict: the planning settings, by name (for message
 WORKER = "worker"            # int or None: the DataLoader worker whose position this is
 NUM_WORKERS = "num_workers"  # int: that DataLoader's workers (0: main process)
 SKIPPED = "skipped"          # int: samples skipped so far (on_error="skip"), all workers of this rank
+# elastic resume and mixing (present only when they apply)
+SEGMENTS = "segments"        # list of [world_size, steps]: the epoch's runs at earlier world sizes, in order
+SOURCES = "sources"          # list of [cycle, position]: where each mixed source's cycle stands at the epoch start
 
 # Older names still accepted when loading (version 1 sampler states).
 ALIASES = {"batches_consumed": STEP}

@@ -70,7 +70,8 @@ class GlobalBatchSampler(Sampler[list[int]]):
         return self.base.world_size
 
     def __len__(self) -> int:
-        return len(self.base) * self.base.world_size
+        # the plan's steps: after an elastic resume, this world size's part of the epoch
+        return self.base.plan.num_steps * self.base.world_size
 
     def __iter__(self) -> Iterator[list[int]]:
         check_dealt(self, self.base.world_size)  # at iter(): on every process, before any batch

@@ -8,9 +8,11 @@ from .indexer import IndexSummary, index_shards
 from .lengths import LengthSpec, length_spec
 from .reader import expand_urls
 from .sidecar import sidecar_path
+from .sources import Source
 from .window import EpochSummary
 
 __all__ = [
     "StreamingBatches", "index_shards", "IndexSummary", "LengthSpec", "length_spec", "sidecar_path",
     "ShardError", "EpochSummary", "Catalog", "open_catalog", "expand_urls", "collate_audio", "decode_audio",
+    "Source",
 ]

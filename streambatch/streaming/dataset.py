@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Callable
 from typing import Any
@@ -14,15 +15,20 @@ from ..core import state as S
 from ..core.config import check_epoch
 from ..core.long_samples import check_max_length, too_long
 from ..core.validation import check_flag, check_int
+from ..core.plan import config_fingerprint
 from ..integrations.guard import check_not_prepared
 from ..planners import RECOMMENDED, plan_epoch
+from ..planners.elastic import Segments, resize
 from ..torch_glue.distributed import active, agree, guess_world, is_distributed, resolve_world, will_check
+from ..torch_glue.elastic import SharedSegments, dataset_state_from_loader, is_loader_state
 from .affinity import warm_up as warm_up_affine
 from .audio import decode_audio
 from .catalog import Catalog, open_catalog
 from .errors import ShardError
 from .position import SharedState, read_position
 from .reader import LocalReader, expand_urls, is_local, read_stream_regions
+from .replan import plain_inputs, plan_windows, summarize_windows
+from .sources import SourceCatalog, is_sources, mixed_inputs, open_sources, source_of_shards
 from .tar import parse_sample
 from .window import EpochSummary, WindowConfig, check_read_mode, default_window, iter_windows, summarize
 
@@ -48,6 +54,12 @@ class StreamingBatches(IterableDataset):
 
     urls: brace pattern, path or list of shard URLs; each needs a sidecar
         (``streambatch index``), or pass ``index_missing=True`` for local files.
+        Or a list of ``Source(urls, weight=...)`` to mix several corpora: each
+        epoch takes every source's quota, read in cycles (every sample once
+        per cycle), and each window holds the sources in proportion (see
+        ``sources.py``; sample read mode).
+    samples_per_epoch: with weighted sources, samples per epoch (default:
+        the sum of the sources' samples).
     max_batch_tokens, max_batch_size, planner, **planner_options: as for
         ``make_plan``; each window is planned with them. The planner defaults
         to ``"bucketed"`` (streaming has no seed sampler to reproduce, and it
@@ -102,11 +114,18 @@ class StreamingBatches(IterableDataset):
                  index_dir: str | None = None, index_missing: bool = False, length_from: Any = None,
                  frames_per_second: Any = None, index_workers: Any = 1, decode: Any = None,
                  collate_fn: Callable | None = None, on_error: str = "raise", verify: bool = True,
-                 max_length: Any = None, long_samples: str = "drop", **planner_options: Any):
+                 max_length: Any = None, long_samples: str = "drop", samples_per_epoch: Any = None,
+                 **planner_options: Any):
         super().__init__()
         failure: BaseException | None = None
         world: Any = world_size
+        self.sources: SourceCatalog | None = None
+        mixed = False
         try:
+            mixed = is_sources(urls)
+            if samples_per_epoch is not None and not mixed:
+                raise ValueError("samples_per_epoch applies to a mix of Source(...) entries; with one shard list "
+                                 "every sample is trained once per epoch")
             index_missing = check_flag("index_missing", index_missing)
             if isinstance(verify, str) and verify != "full":
                 raise TypeError(f"verify must be True, False or 'full', got {verify!r}")
@@ -114,6 +133,10 @@ class StreamingBatches(IterableDataset):
             self.verify = True if verify_shards == "full" else check_flag("verify", verify)
             rank, world = resolve_world(rank, world_size)
             max_length, long_samples = check_max_length(max_length, long_samples)
+            if mixed:
+                if read_mode not in (None, "sample"):
+                    raise ValueError(f"mixed sources are streamed with read_mode='sample', got {read_mode!r}")
+                read_mode = "sample"
             if read_mode is None:
                 read_mode = "sample" if all(is_local(u) for u in expand_urls(urls)) else "shard"
             read_mode = check_read_mode(read_mode)
@@ -142,17 +165,26 @@ class StreamingBatches(IterableDataset):
             # after it, and carries any rank's failure to all ranks.
             if failure is None:
                 try:
-                    _index_share(urls, rank, world, index_dir, length_from, frames_per_second, index_workers)
+                    for u, d in ([(x.urls, x.index_dir or index_dir) for x in _as_list(urls)] if mixed
+                                 else [(urls, index_dir)]):
+                        _index_share(u, rank, world, d, length_from, frames_per_second, index_workers)
                 except Exception as exc:
                     failure = exc
             agree({"fingerprint": 0}, "indexing the missing shards", failure)
         if failure is None:
             try:
-                self.catalog: Catalog = open_catalog(
-                    urls, index_dir=index_dir, index_missing=index_missing, length_from=length_from,
-                    frames_per_second=frames_per_second, index_workers=index_workers,
-                    url_hint=urls if isinstance(urls, str) else None, verify=verify_shards)
-                self.fingerprint = self.config.fingerprint(self.catalog.fingerprint())
+                if mixed:
+                    self.sources = open_sources(urls, samples_per_epoch=samples_per_epoch, index_dir=index_dir,
+                                                index_missing=index_missing, length_from=length_from,
+                                                frames_per_second=frames_per_second, index_workers=index_workers,
+                                                verify=verify_shards)
+                    self.catalog: Catalog = self.sources.catalog
+                else:
+                    self.catalog = open_catalog(
+                        urls, index_dir=index_dir, index_missing=index_missing, length_from=length_from,
+                        frames_per_second=frames_per_second, index_workers=index_workers,
+                        url_hint=urls if isinstance(urls, str) else None, verify=verify_shards)
+                self.fingerprint = self.fingerprint_at(world)
                 if self.catalog.num_samples == 0:
                     raise ValueError(f"the {len(self.catalog.urls)} shards hold no samples; check the shard list")
                 if long_samples == "raise":
@@ -171,12 +203,45 @@ class StreamingBatches(IterableDataset):
         self.collate_fn = collate_fn
         self.on_error = on_error
         self._shared = SharedState()
-        self._summaries: dict[int, EpochSummary] = {}
+        self._segments = SharedSegments()  # the elastic history of a resumed epoch
+        self._summaries: dict[tuple[int, Segments], EpochSummary] = {}
         self._pos: dict[str, Any] | None = None
         self._local_resume: dict[str, Any] | None = None
         self._slot = 0  # this process's skip counter: the main process's, or a worker's (set per pass)
         self.bytes_read = 0  # tar bytes this process read (files and streams)
         self._stream_bytes = 0
+
+    def fingerprint_at(self, world_size: int) -> int:
+        """The state fingerprint of these shards (and sources) and settings at ``world_size``."""
+        fp = dataclasses.replace(self.config, world_size=world_size).fingerprint(self.catalog.fingerprint())
+        if self.sources is not None:
+            mix = self.sources.mix
+            fp = config_fingerprint(np.array(mix.sizes + mix.counts + tuple(self.sources.bounds.tolist()),
+                                             dtype=np.int64), fp)
+        return fp
+
+    @property
+    def samples_per_epoch(self) -> int:
+        """Samples an epoch plans: the mix's quotas, or every sample once."""
+        return self.sources.mix.samples_per_epoch if self.sources is not None else self.catalog.num_samples
+
+    def source_positions(self, epoch: Any = None) -> list[tuple[int, int]]:
+        """Mixing: per source, (cycle, sample position in it) at the start of
+        an epoch (default: the current one)."""
+        epoch = self.epoch if epoch is None else check_epoch(epoch)
+        return self.sources.mix.positions(epoch) if self.sources is not None else [(epoch, 0)]
+
+    def _windows(self, epoch: int, segments: Segments = ()):
+        """The epoch's planned windows, at this world size after ``segments``."""
+        if self.sources is None and not segments:
+            return iter_windows(self.catalog.counts, self.catalog.lengths, self.config, epoch)
+        if self.sources is None:
+            return plan_windows(plain_inputs(self.catalog.counts, self.catalog.lengths, self.config, epoch),
+                                self.config, epoch, segments)
+        sc = self.sources
+        inputs = mixed_inputs(sc, self.config.window_samples, self.config.seed, epoch, self.config.shuffle)
+        return plan_windows(inputs, self.config, epoch, segments, lambda ids: source_of_shards(sc, ids),
+                            sc.mix.num_sources)
 
     # ------------------------------------------------------------ epochs
 
@@ -193,7 +258,8 @@ class StreamingBatches(IterableDataset):
         """Make the next pass over the current epoch start at this rank's
         ``start``-th batch (for resuming from a step count you saved). Only
         the next pass: later passes over the epoch start from its beginning."""
-        start = check_int("start", start, 0, len(self))
+        base = sum(k for _, k in self._segments.get(self.epoch))
+        start = check_int("start", start, base, len(self))
         self._shared.set_resume(self.epoch, start)
         self._pos = None
 
@@ -201,13 +267,19 @@ class StreamingBatches(IterableDataset):
         """Steps, samples, padding and drops of an epoch, planned from the
         sidecars' lengths only (no tar is read). Cached per epoch."""
         epoch = self.epoch if epoch is None else check_epoch(epoch)
-        if epoch not in self._summaries:
-            self._summaries[epoch] = summary = summarize(self.catalog.counts, self.catalog.lengths, self.config,
-                                                         epoch)
-            if summary.too_long and not self._summaries.keys() - {epoch}:  # once per dataset, not per epoch
+        return self._summary(epoch, self._segments.get(epoch))
+
+    def _summary(self, epoch: int, segments: Segments) -> EpochSummary:
+        if (epoch, segments) not in self._summaries:
+            if self.sources is None and not segments:
+                summary = summarize(self.catalog.counts, self.catalog.lengths, self.config, epoch)
+            else:
+                summary = summarize_windows(self._windows(epoch, segments), self.samples_per_epoch, epoch)
+            if summary.too_long and not self._summaries:  # once per dataset, not per epoch
                 log.warning("StreamingBatches: %d of %d samples are longer than max_length=%d and are left out",
                             summary.too_long, self.catalog.num_samples, self.config.max_length)
-        return self._summaries[epoch]
+            self._summaries[(epoch, segments)] = summary
+        return self._summaries[(epoch, segments)]
 
     @property
     def num_too_long(self) -> int:
@@ -239,40 +311,84 @@ class StreamingBatches(IterableDataset):
         pos = self._pos
         if pos is None or pos["epoch"] != self.epoch:
             pending = self._shared.pending(self.epoch)
-            pos = {"epoch": self.epoch, "step": pending or 0, "worker": None, "num_workers": 0}
+            segments = self._segments.get(self.epoch)
+            start = pending if pending is not None else sum(k for _, k in segments)
+            pos = {"epoch": self.epoch, "step": start, "worker": None, "num_workers": 0, "segments": segments}
         worker = pos["worker"]
-        return {S.VERSION: S.STATE_VERSION, S.EPOCH: int(pos["epoch"]), S.STEP: int(pos["step"]), S.WORKER: worker,
-                S.NUM_WORKERS: pos["num_workers"], S.WORLD_SIZE: self.world_size, S.SEED: self.config.seed,
-                S.FINGERPRINT: self.fingerprint, S.CONFIG: self.config.describe(),
-                S.SKIPPED: self._shared.skipped(None if worker is None else SharedState.slot(worker))}
+        state = {S.VERSION: S.STATE_VERSION, S.EPOCH: int(pos["epoch"]), S.STEP: int(pos["step"]), S.WORKER: worker,
+                 S.NUM_WORKERS: pos["num_workers"], S.WORLD_SIZE: self.world_size, S.SEED: self.config.seed,
+                 S.FINGERPRINT: self.fingerprint, S.CONFIG: self.config.describe(),
+                 S.SKIPPED: self._shared.skipped(None if worker is None else SharedState.slot(worker))}
+        if pos["segments"]:  # the epoch's runs at earlier world sizes (rank-independent, like the rest)
+            state[S.SEGMENTS] = [list(seg) for seg in pos["segments"]]
+        if self.sources is not None:
+            state[S.SOURCES] = [list(p) for p in self.source_positions(pos["epoch"])]
+        return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Resume where ``state`` was saved: the next pass over its epoch
         skips the steps already yielded, planning past them from the sidecar
         lengths without reading their tar data. Everything is checked before
         anything changes. In the main process with ``verify`` under
-        torch.distributed this is a collective (all ranks must resume alike)."""
+        torch.distributed this is a collective (all ranks must resume alike).
+
+        ``state`` is any rank's ``state_dict()`` (they are equal) or, in the
+        main process, a torchdata ``StatefulDataLoader.state_dict()``. Saved
+        at another world size, the rest of the epoch is planned for this one
+        (elastic resume, ``replan.py``). With DataLoader workers only the
+        loader knows where the world stopped (each worker's state holds its
+        own next step): load the loader's state here, in the main process,
+        before iterating; restoring it into the loader as well is optional."""
         info = get_worker_info()
-        failure, pos = None, None
+        failure, pos, segments = None, None, ()
         try:
+            if info is None and is_loader_state(state):
+                state = dataset_state_from_loader(state)
             pos = read_position(state, self, info)
+            done = sum(k for _, k in pos.segments)
+            # from another world size: the saver's run becomes a finished segment of the epoch
+            segments = resize(pos.segments, pos.world_size, pos.step, done, self.world_size)
+            if info is None and pos.world_size != self.world_size:
+                self._summary(pos.epoch, segments)  # plans the rest now: a history that does not fit raises here
+            elif info is not None and pos.world_size != self.world_size:
+                nxt = pos.step + (info.id if pos.worker is None else 0)
+                segments = self._prepared(pos.epoch, pos.segments, pos.world_size, nxt, info.num_workers)
         except Exception as exc:
             failure = exc
         if info is None and self.verify and active(self.world_size):
-            agree({"fingerprint": self.fingerprint, "epoch": pos.epoch if pos else 0, "step": pos.step if pos else 0},
+            agree({"fingerprint": self.fingerprint, "epoch": pos.epoch if pos else 0, "step": pos.step if pos else 0,
+                   "elastic history": _segments_key(segments)},
                   "the resumed position" + (f" (epoch {pos.epoch}, step {pos.step})" if pos else ""), failure)
         elif failure is not None:
             raise failure
         if pos.worker is not None:
-            self._local_resume = {"epoch": pos.epoch, "step": pos.step, "limit": pos.num_workers}
+            self._local_resume = {"epoch": pos.epoch, "step": pos.step, "limit": pos.num_workers,
+                                  "segments": segments}
         elif info is not None:  # a main-process state loaded inside a worker
-            self._local_resume = {"epoch": pos.epoch, "step": pos.step + info.id, "limit": info.num_workers}
+            self._local_resume = {"epoch": pos.epoch, "step": pos.step + info.id, "limit": info.num_workers,
+                                  "segments": segments}
         else:
+            self._segments.set(pos.epoch, segments)
             self._shared.set_resume(pos.epoch, pos.step)
         # A main-process total restored in workers goes to worker 0 alone, so it is counted once.
         mine = pos.skipped if pos.worker is not None or info is None or info.id == 0 else 0
         self._shared.restore_skipped(SharedState.slot(None if info is None else info.id), mine)
         self._pos = None
+
+    def _prepared(self, epoch: int, segments: Segments, saved_world: int, nxt: int, workers: int) -> Segments:
+        """In a worker: the history of an elastic resume that the main process
+        loaded, checked against this worker's own saved next step ``nxt``."""
+        have = self._segments.get(epoch)
+        n = len(segments)
+        fits = have[:n] == segments and (len(have) == n or (len(have) == n + 1 and have[n][0] == saved_world))
+        if not fits or not nxt - workers < sum(k for _, k in have) <= nxt:
+            raise ValueError(
+                f"this DataLoader worker got a state saved at world_size={saved_world} (this run: "
+                f"{self.world_size}); only the loader knows where that world stopped, so load the loader's whole "
+                "state into the dataset in the main process first: ds.load_state_dict(loader_state), then "
+                "iterate the loader (restoring loader_state into it too is optional)"
+            )
+        return have
 
     # ------------------------------------------------------------ iteration
 
@@ -283,22 +399,25 @@ class StreamingBatches(IterableDataset):
         epoch = self.epoch
         limit = 0
         if self._local_resume is not None:
-            epoch, start, limit = self._local_resume["epoch"], self._local_resume["step"], self._local_resume["limit"]
+            epoch, start, limit, segments = (self._local_resume[k] for k in ("epoch", "step", "limit", "segments"))
             self._local_resume = None
         else:
+            segments = self._segments.get(epoch)
             resume = self._shared.claim(epoch, worker, stride)
-            start = (resume or 0) + (worker or 0)
+            # an elastically resumed epoch: this world's steps start after the earlier worlds'
+            start = (resume if resume is not None else sum(k for _, k in segments)) + (worker or 0)
             limit = 0 if worker is None else stride
         self._slot = SharedState.slot(worker)
-        self._pos = {"epoch": epoch, "step": start, "worker": worker, "num_workers": 0 if info is None else stride}
-        return self._generate(epoch, start, stride, limit)
+        self._pos = {"epoch": epoch, "step": start, "worker": worker, "num_workers": 0 if info is None else stride,
+                     "segments": segments}
+        return self._generate(epoch, start, stride, limit, segments)
 
-    def _generate(self, epoch: int, start: int, stride: int, limit: int):
+    def _generate(self, epoch: int, start: int, stride: int, limit: int, segments: Segments = ()):
         reader = LocalReader()
         total = 0
         tables: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
         try:
-            for win in iter_windows(self.catalog.counts, self.catalog.lengths, self.config, epoch):
+            for win in self._windows(epoch, segments):
                 lo, hi = win.first_step, win.first_step + win.num_steps
                 total = hi
                 first = start if lo <= start else start + -(-(lo - start) // stride) * stride
@@ -406,6 +525,17 @@ class StreamingBatches(IterableDataset):
                 f"rank={self.rank}, world_size={self.world_size}, window_samples={c.window_samples}, "
                 f"read_mode={c.read_mode!r}, "
                 f"epoch={self.epoch})")
+
+
+def _as_list(sources: Any) -> list:
+    return list(sources) if isinstance(sources, (list, tuple)) else [sources]
+
+
+def _segments_key(segments: Segments) -> int:
+    """A 63-bit hash of an elastic history (0 for none), for the cross-rank check."""
+    if not segments:
+        return 0
+    return config_fingerprint(np.array([x for seg in segments for x in seg], dtype=np.int64))
 
 
 # ---------------------------------------------------------------- distributed

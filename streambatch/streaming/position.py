@@ -16,6 +16,7 @@ one skip counter per process (main process, worker 0, worker 1, ...).
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import multiprocessing.context
 from dataclasses import dataclass
@@ -136,26 +137,36 @@ class SharedState:
 
 @dataclass(frozen=True)
 class Position:
-    """A checked saved position: ``worker`` None for a main-process state."""
+    """A checked saved position: ``worker`` None for a main-process state;
+    ``world_size`` the saver's, ``segments`` its epoch's elastic history."""
 
     epoch: int
     step: int
     worker: int | None
     num_workers: int
     skipped: int
+    world_size: int = 0
+    segments: tuple = ()
 
 
 def read_position(state: Any, ds: Any, info: Any) -> Position:
     """Check a ``StreamingBatches`` state against dataset ``ds`` (loaded in
     DataLoader worker ``info``, or the main process when None) before
     anything changes; ValueError names what does not match."""
+    from ..planners.elastic import check_segments
+
     s = read_state(state, "StreamingBatches", (S.EPOCH, S.STEP, S.WORKER, S.WORLD_SIZE, S.FINGERPRINT))
     world = state_int(s, S.WORLD_SIZE, 1)
-    if world != ds.world_size:
-        raise ValueError(f"state was saved with world_size={world}, this run has world_size={ds.world_size}; "
-                         "resume with the same number of ranks (the plan depends on it)")
-    if s[S.FINGERPRINT] != ds.fingerprint and s[S.FINGERPRINT] != legacy_fingerprint(ds.config, ds.catalog):
-        what = differences(s.get(S.CONFIG), ds.config.describe()) or "the shard list or sidecars differ"
+    if world != ds.world_size and ds.config.read_mode == "shard":
+        raise ValueError(f"state was saved with world_size={world}, this run has world_size={ds.world_size}: "
+                         "resuming on another world size needs read_mode='sample' (in shard mode each rank's "
+                         "pieces of a window depend on the world size); resume with the same number of ranks")
+    # everything but the world size must match: compare at the saver's world size
+    at_saver = dataclasses.replace(ds.config, world_size=world)
+    if s[S.FINGERPRINT] != ds.fingerprint_at(world) and s[S.FINGERPRINT] != legacy_fingerprint(at_saver, ds.catalog):
+        saved = dict(s.get(S.CONFIG) or {}, world_size=ds.world_size)
+        what = differences(saved, ds.config.describe()) or ("the shard list or sidecars differ" if ds.sources is None
+                                                             else "the sources or their sidecars differ")
         raise ValueError(f"state was saved for other shards, sidecars or settings ({what}); resume with the same "
                          "shard list, sidecars, max_batch_tokens, max_batch_size, window_samples, read_mode, shuffle, "
                          "drop_last, seed and planner")
@@ -169,12 +180,17 @@ def read_position(state: Any, ds: Any, info: Any) -> Position:
             raise ValueError(f"state was saved by DataLoader worker {worker} of {num_workers} and is being loaded in "
                              f"{here}; restore it through a StatefulDataLoader with num_workers={num_workers}, or "
                              "save the main process's state instead")
-    if info is None and step > ds.epoch_summary(epoch).steps:
-        # (a worker's own state is checked when its pass plans the epoch: no planning here)
-        raise ValueError(f"state['step'] = {step} is beyond the {ds.epoch_summary(epoch).steps} steps of epoch "
-                         f"{epoch}; the state does not belong to this dataset")
+    segments = check_segments(s.get(S.SEGMENTS), "state['segments']")
+    done = sum(k for _, k in segments)
+    if step < done:
+        raise ValueError(f"state['step'] = {step} is below the {done} steps of state['segments']")
+    if info is None and world == ds.world_size and step > ds._summary(epoch, segments).steps:
+        # (a worker's own state is checked when its pass plans the epoch: no planning here; another
+        # world's steps are checked when the rest of the epoch is planned from them)
+        raise ValueError(f"state['step'] = {step} is beyond the {ds._summary(epoch, segments).steps} steps of "
+                         f"epoch {epoch}; the state does not belong to this dataset")
     skipped = state_int(s, S.SKIPPED) if S.SKIPPED in s else 0
-    return Position(epoch, step, worker, num_workers, skipped)
+    return Position(epoch, step, worker, num_workers, skipped, world, segments)
 
 
 def legacy_fingerprint(config: Any, catalog: Any) -> str:

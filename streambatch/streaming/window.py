@@ -28,16 +28,16 @@ every DataLoader worker computes the same windows without talking.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from ..core.config import PlanConfig
 from ..core.plan import Plan
-from ..core.validation import check_int, coerce_lengths
+from ..core.validation import check_int
 from ..core.long_samples import check_max_length
-from ..planners import RECOMMENDED, plan_epoch
+from ..planners import RECOMMENDED
 from .affinity import foreign_samples, plan_affine_window
 
 _U64 = 1 << 64
@@ -235,44 +235,10 @@ def iter_windows(counts: np.ndarray, load_lengths: Callable[[int], np.ndarray], 
     if config.read_mode == "shard":
         yield from _iter_affine(counts, load_lengths, config, epoch)
         return
-    order = shard_order(counts.shape[0], config.seed, epoch, config.shuffle)
-    bounds = window_bounds(counts[order], config.window_samples)
-    nwin = bounds.shape[0] - 1
-    carry_ids = carry_local = carry_len = np.zeros(0, dtype=np.int64)
-    held_ids = held_local = held_len = np.zeros(0, dtype=np.int64)
-    step = 0
-    for j in range(nwin):
-        shards = order[bounds[j] : bounds[j + 1]]
-        lens = [np.asarray(load_lengths(int(s)), dtype=np.int64) for s in shards]
-        ids = np.concatenate([carry_ids] + [np.full(x.shape[0], s, dtype=np.int64) for s, x in zip(shards, lens)])
-        local = np.concatenate([carry_local] + [np.arange(x.shape[0], dtype=np.int64) for x in lens])
-        # Sidecar lengths are new input each window: checked here (cheap), the config once at construction.
-        lengths = coerce_lengths(np.concatenate([carry_len] + lens))
-        over = 0
-        if config.max_length is not None:
-            keep = lengths <= config.max_length  # carried samples were kept already
-            over = int(keep.size - np.count_nonzero(keep))
-            if over:
-                ids, local, lengths = ids[keep], local[keep], lengths[keep]
-        last = j == nwin - 1
-        if not last and config.shuffle:  # without shuffling, windows keep the corpus order
-            out = lengths > outlier_limit(lengths, config.max_batch_tokens, config.max_batch_size)
-            if out.any():
-                held_ids, held_local, held_len = (np.concatenate([h, x[out]]) for h, x in
-                                                  ((held_ids, ids), (held_local, local), (held_len, lengths)))
-                ids, local, lengths = ids[~out], local[~out], lengths[~out]
-        if held_len.size and (last or 4 * held_len.size >= config.window_samples):
-            ids, local, lengths = (np.concatenate([x, h]) for x, h in
-                                   ((ids, held_ids), (local, held_local), (lengths, held_len)))
-            held_ids = held_local = held_len = np.zeros(0, dtype=np.int64)
-        # Each window is planned as epoch 0 of its own seed, so windows differ within an epoch too.
-        cfg = replace(config, drop_last=config.drop_last if last else True, seed=window_seed(config.seed, epoch, j))
-        plan = plan_epoch(lengths, cfg, 0)
-        left = plan.leftover if plan.leftover is not None else np.zeros(0, dtype=np.int64)
-        if not last:
-            carry_ids, carry_local, carry_len = ids[left], local[left], lengths[left]
-        yield Window(j, step, plan, ids, local, last, too_long=over)
-        step += plan.num_steps
+    # One sample-mode loop, shared with mixed sources and elastic resume (replan.py imports this module).
+    from .replan import plain_inputs, plan_windows
+
+    yield from plan_windows(plain_inputs(counts, load_lengths, config, epoch), config, epoch)
 
 
 def _iter_affine(counts: np.ndarray, load_lengths: Callable[[int], np.ndarray], config: WindowConfig,

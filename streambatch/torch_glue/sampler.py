@@ -18,11 +18,14 @@ from ..core import state as S
 from ..core.config import PlanConfig, check_epoch
 from ..core.hashing import hash_array
 from ..core.long_samples import check_max_length, too_long
-from ..core.plan import Plan, RankBatches
+from ..core.mix import Mix, specs_from
+from ..core.plan import Plan, RankBatches, config_fingerprint
 from ..core.state import differences, read_state, state_int
 from ..core.validation import check_flag, check_int, coerce_lengths
 from ..integrations.guard import check_per_rank_sampler
 from ..planners import plan_epoch
+from ..planners.elastic import Segments, check_segments, resize
+from ..planners.epoch import EpochPlan, plan_epoch_steps
 from .distributed import active, agree, resolve_world, will_check
 
 KIND = "DynamicBatchSampler"
@@ -58,15 +61,20 @@ class DynamicBatchSampler(Sampler[list[int]]):
             counted in ``num_too_long`` and logged; ``len(dataset)`` is
             unchanged, their indices just never appear) or make the
             constructor raise (``"raise"``). None (default): no limit.
+        mix: a ``Mix`` of sources concatenated in ``lengths`` (built by
+            ``DynamicBatchSampler.mixed``); each epoch then plans the mix's
+            draw (see ``streambatch.core.mix``) instead of every sample once.
         **planner_options: options of the chosen planner.
     """
 
     def __init__(self, lengths: Any, max_batch_tokens: Any, max_batch_size: Any = 64, shuffle: Any = True,
                  drop_last: Any = False, rank: Any = 0, world_size: Any = 1, seed: Any = 42,
                  *, planner: str = "greedy", verify: Any = True, max_length: Any = None,
-                 long_samples: str = "drop", **planner_options: Any):
+                 long_samples: str = "drop", mix: Mix | None = None, **planner_options: Any):
         failure = plan = None
         world: Any = world_size
+        self._segments: Segments = ()  # elastic history of the current epoch
+        self._base = 0  # steps of the current epoch run at earlier world sizes
         try:
             self.verify = check_flag("verify", verify)
             self.rank, world = resolve_world(rank, world_size)
@@ -81,11 +89,9 @@ class DynamicBatchSampler(Sampler[list[int]]):
             if over.size:
                 log.warning("DynamicBatchSampler: %d of %d samples are longer than max_length=%d and are left out "
                             "of every batch", over.size, self.lengths.size, self.max_length)
-            self._fingerprint = self.config.fingerprint(self.lengths)
-            if self.max_length is not None:  # part of the configuration only when set: old states still load
-                mark = np.array([self.max_length, self.long_samples == "raise"], dtype=np.int64)
-                self._fingerprint = int(hash_array(mark, np.uint64(self._fingerprint))) >> 1
-            plan = self._plan_epoch(0)
+            self.mix = _check_mix(mix, self.lengths.shape[0])
+            self._fingerprint = self._fingerprint_at(world)
+            plan = self._plan(0).plan
         except Exception as exc:  # re-raised below, after every rank has heard of it
             failure = exc
         self._plan_fp: int | None = None  # the plan's fingerprint, computed when a check needs it
@@ -113,6 +119,62 @@ class DynamicBatchSampler(Sampler[list[int]]):
     seed = property(lambda self: self.config.seed)
     planner = property(lambda self: self.config.planner)
     planner_options = property(lambda self: self.config.options)
+
+    @classmethod
+    def mixed(cls, sources: Any, max_batch_tokens: Any, max_batch_size: Any = 64, *, weights: Any = None,
+              samples: Any = None, repeats: Any = None, samples_per_epoch: Any = None,
+              **kwargs: Any) -> DynamicBatchSampler:
+        """A sampler over several sources mixed by weight, count or repeat.
+
+        sources: a list of per-source lengths; the sampler yields indices into
+            their concatenation (the order of ``ConcatDataset(datasets)``).
+        weights: per-source shares; an epoch draws ``samples_per_epoch``
+            (default: all sources' samples) split by weight. Or ``samples``
+            (per-source counts per epoch) or ``repeats`` (per-source factors);
+            none: every sample once. Each source is read in cycles, a fresh
+            order per cycle, every sample once per cycle; an epoch continues
+            where the last stopped (see ``streambatch.core.mix``). With
+            ``max_length``, drawn samples over it are left out of the epoch.
+        kwargs: the constructor's other arguments (shuffle, rank, seed, planner...).
+        """
+        if isinstance(sources, (str, bytes)) or not hasattr(sources, "__len__") or len(sources) == 0:
+            raise ValueError(f"sources must be a non-empty list of per-source lengths, got {sources!r:.100}")
+        arrays = [coerce_lengths(x) for x in sources]
+        mix = Mix.build([a.shape[0] for a in arrays], specs_from(len(arrays), weights, samples, repeats),
+                        samples_per_epoch)
+        return cls(np.concatenate(arrays), max_batch_tokens, max_batch_size, mix=mix, **kwargs)
+
+    def _fingerprint_at(self, world_size: int) -> int:
+        """The state fingerprint a sampler like this one has at ``world_size``."""
+        fp = dataclasses.replace(self.config, world_size=world_size).fingerprint(self.lengths)
+        if self.max_length is not None:  # part of the configuration only when set: old states still load
+            mark = np.array([self.max_length, self.long_samples == "raise"], dtype=np.int64)
+            fp = int(hash_array(mark, np.uint64(fp))) >> 1
+        if self.mix is not None:
+            fp = config_fingerprint(np.array(self.mix.sizes + self.mix.counts, dtype=np.int64), fp)
+        return fp
+
+    def _plan_fn(self, lengths: np.ndarray, world_size: int, seed: int, epoch: int) -> Plan:
+        return plan_epoch(lengths, dataclasses.replace(self.config, world_size=world_size, seed=seed), epoch)
+
+    def _plan(self, epoch: int, segments: Segments = ()) -> EpochPlan:
+        """Epoch ``epoch`` at this world size after ``segments`` (the ordinary
+        plan when there is neither a mix nor a history)."""
+        if self.mix is None and not segments:
+            return EpochPlan(self._plan_epoch(epoch))
+        return plan_epoch_steps(self.lengths, self._plan_fn, self.world_size, self.seed, epoch, mix=self.mix,
+                                shuffle=self.shuffle, segments=segments, keep=self._kept)
+
+    def source_positions(self) -> list[tuple[int, int]]:
+        """Mixing: per source, (cycle, position in it) at the start of the
+        current epoch. Without a mix: one source at (epoch, 0)."""
+        return self.mix.positions(self.epoch) if self.mix is not None else [(self.epoch, 0)]
+
+    @property
+    def base_step(self) -> int:
+        """First epoch step of this world size (0 unless the epoch was resumed
+        from a state saved at another world size)."""
+        return self._base
 
     def _plan_epoch(self, epoch: int) -> Plan:
         """The plan of ``epoch``, in dataset indices (samples over max_length left out)."""
@@ -142,13 +204,15 @@ class DynamicBatchSampler(Sampler[list[int]]):
         elif failure is not None:
             raise failure
 
-    def _switch(self, epoch: int, plan: Plan, fp: int) -> None:
+    def _switch(self, epoch: int, plan: Plan, fp: int, segments: Segments = (), base: int = 0) -> None:
         if plan is not self.plan:
             self.epoch, self.plan, self._plan_fp = epoch, plan, fp or None
+            self._segments, self._base = segments, base
 
     @property
     def batches(self) -> RankBatches:
-        """This rank's batches of the current epoch: a lazy ``Sequence[list[int]]``."""
+        """This rank's batches of the current epoch: a lazy ``Sequence[list[int]]``
+        (after an elastic resume: this world's steps, from ``base_step`` on)."""
         return self.plan.rank_batches(self.rank)
 
     @property
@@ -173,7 +237,7 @@ class DynamicBatchSampler(Sampler[list[int]]):
         try:
             epoch = check_epoch(epoch)
             if epoch != self.epoch:
-                plan = self._plan_epoch(epoch)
+                plan = self._plan(epoch).plan
             fp = self._fp(plan)
         except Exception as exc:
             failure = exc
@@ -186,6 +250,9 @@ class DynamicBatchSampler(Sampler[list[int]]):
     def set_start_batch(self, n: Any) -> None:
         """Skip the first ``n`` batches on the next ``__iter__`` (consumed once)."""
         n = check_int("start batch", n, 0)
+        if n < self._base:
+            raise ValueError(f"start batch must be >= {self._base}: this epoch's first {self._base} steps ran at "
+                             f"another world size before an elastic resume, got {n}")
         if n > len(self):
             raise ValueError(f"start batch must be in [0, {len(self)}] (batches in epoch {self.epoch}), got {n}; "
                              "call set_epoch first if the position belongs to another epoch")
@@ -199,22 +266,24 @@ class DynamicBatchSampler(Sampler[list[int]]):
         return self._iter_batches()
 
     def _iter_batches(self) -> Iterator[list[int]]:
-        start = self._start_batch
+        start = max(self._start_batch, self._base)  # an elastic epoch: this world's steps only
         self._start_batch = 0
         self._consumed = start
         # This body runs on the first next(): the caller's frame tells whether
         # a multi-worker DataLoader is drawing batches ahead of the training loop.
         self._prefetcher = _prefetching_loader(sys._getframe(1))
         self._prefetch_start = start
-        plan, rank = self.plan, self.rank
-        for i in range(start, plan.num_steps):
+        plan, rank, base = self.plan, self.rank, self._base
+        for i in range(start, base + plan.num_steps):
             # count before yielding: a state saved after receiving batch i
             # must resume at i + 1
             self._consumed = i + 1
-            yield plan.batch(i, rank).tolist()
+            yield plan.batch(i - base, rank).tolist()
 
     def __len__(self) -> int:
-        return self.plan.num_steps
+        """Steps of the current epoch: this rank's batches, plus the steps run
+        at an earlier world size before an elastic resume (``base_step``)."""
+        return self._base + self.plan.num_steps
 
     # ------------------------------------------------------------ state
 
@@ -226,9 +295,12 @@ class DynamicBatchSampler(Sampler[list[int]]):
         ahead of the training loop, so this count is ahead of what the loop
         has received (a warning says so); use torchdata's
         ``StatefulDataLoader``, or save your own step count and resume with
-        ``set_epoch`` + ``set_start_batch``."""
+        ``set_epoch`` + ``set_start_batch``.
+
+        Nothing in it depends on the rank: every rank's state is the same,
+        and any one resumes all ranks, at this or another world size."""
         self._warn_if_ahead()
-        return {
+        state = {
             S.VERSION: S.STATE_VERSION,
             S.EPOCH: self.epoch,
             S.STEP: self._consumed,
@@ -237,40 +309,58 @@ class DynamicBatchSampler(Sampler[list[int]]):
             S.FINGERPRINT: self._fingerprint,
             S.CONFIG: self.config.describe(),
         }
+        if self._segments:
+            state[S.SEGMENTS] = [list(seg) for seg in self._segments]
+        if self.mix is not None:
+            state[S.SOURCES] = [list(p) for p in self.source_positions()]
+        return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Resume: replan the saved epoch and skip the consumed steps.
 
+        A state saved at another world size resumes elastically: the steps it
+        ran stay done and the rest of the epoch is planned for this world
+        (``planners/elastic.py``): every sample once, equal steps per rank.
         Everything is checked before anything changes (a refused state leaves
         the sampler as it was). Accepts version-1 states (``batches_consumed``).
-        With ``verify`` under torch.distributed this is a collective."""
+        With ``verify`` under torch.distributed this is a collective, which
+        also checks that every rank loaded the same state."""
         failure, plan, epoch, step, fp = None, self.plan, self.epoch, 0, 0
+        segments, base = self._segments, self._base
         try:
             s = read_state(state, KIND, (S.EPOCH, S.STEP, S.FINGERPRINT))
-            if S.WORLD_SIZE in s and state_int(s, S.WORLD_SIZE, 1) != self.world_size:
-                raise ValueError(f"the state was saved with world_size={s[S.WORLD_SIZE]} but this sampler has "
-                                 f"world_size={self.world_size}; resume with the same world size")
+            saved_world = state_int(s, S.WORLD_SIZE, 1) if S.WORLD_SIZE in s else self.world_size
             if S.SEED in s and (isinstance(s[S.SEED], bool) or not isinstance(s[S.SEED], numbers.Integral)):
                 raise ValueError(f"state['seed'] must be an integer, got {s[S.SEED]!r}")
             if S.SEED in s and s[S.SEED] != self.seed:
                 raise ValueError(f"the state was saved with seed={s[S.SEED]} but this sampler has seed={self.seed}")
-            if s[S.FINGERPRINT] != self._fingerprint:
-                what = differences(s.get(S.CONFIG), self.config.describe()) or "the lengths differ"
+            # everything but the world size must match: compare at the saver's world size
+            if s[S.FINGERPRINT] != self._fingerprint_at(saved_world):
+                saved = dict(s.get(S.CONFIG) or {}, world_size=self.world_size)
+                what = differences(saved, self.config.describe()) or ("the lengths differ" if self.mix is None
+                                                                       else "the lengths or the mix differ")
                 raise ValueError(f"the state was saved for a different configuration ({what}); resume with the "
                                  "lengths and sampler arguments of the run that saved it")
             epoch = check_epoch(state_int(s, S.EPOCH), "state['epoch']")
-            if epoch != self.epoch:
-                plan = self._plan_epoch(epoch)
             step = state_int(s, S.STEP)
-            if step > plan.num_steps:
-                raise ValueError(f"state['step'] = {step} is beyond the {plan.num_steps} steps of epoch {epoch}; "
-                                 "the state does not belong to this sampler's plan")
-            fp = self._fp(plan)
+            saved_segments = check_segments(s.get(S.SEGMENTS), "state['segments']")
+            done = sum(k for _, k in saved_segments)
+            if step < done:
+                raise ValueError(f"state['step'] = {step} is below the {done} steps of state['segments']")
+            # from another world size: the saver's run becomes a finished segment
+            segments = resize(saved_segments, saved_world, step, done, self.world_size)
+            if epoch != self.epoch or segments != self._segments:
+                ep = self._plan(epoch, segments)
+                plan, base = ep.plan, ep.base
+            if step > base + plan.num_steps:
+                raise ValueError(f"state['step'] = {step} is beyond the {base + plan.num_steps} steps of epoch "
+                                 f"{epoch}; the state does not belong to this sampler's plan")
+            fp = self._fp(plan) ^ base
         except Exception as exc:
             failure = exc
         self._agree({"fingerprint": fp, "epoch": epoch, "start batch": step},
                     f"the resumed plan (epoch {epoch}, step {step})", failure)
-        self._switch(epoch, plan, fp)
+        self._switch(epoch, plan, fp ^ base, segments, base)
         self._start_batch = self._consumed = step
 
     def _warn_if_ahead(self) -> None:
@@ -291,6 +381,17 @@ class DynamicBatchSampler(Sampler[list[int]]):
         state = self.__dict__.copy()
         state["_prefetcher"] = None  # a weak reference to a live iterator does not travel
         return state
+
+
+def _check_mix(mix: Any, n: int) -> Mix | None:
+    if mix is None:
+        return None
+    if not isinstance(mix, Mix):
+        raise TypeError(f"mix must be a streambatch Mix (DynamicBatchSampler.mixed builds one), got {mix!r:.100}")
+    if sum(mix.sizes) != n:
+        raise ValueError(f"the mix's sources hold {sum(mix.sizes)} samples but lengths has {n}; pass the sources' "
+                         "lengths concatenated in order")
+    return mix
 
 
 def _prefetching_loader(frame: Any) -> Any:
