@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from streambatch import benchmark
+from streambatch.cli import benchmark
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Write a demo corpus of WebDataset audio shards (see streambatch.streaming.demo).
+"""Write a demo corpus of WebDataset audio shards (see streambatch.cli.corpus).
 
     python scripts/make_shards.py data/demo --shards 8 --samples-per-shard 100 --index
 
@@ -12,7 +12,7 @@ import argparse
 import os
 
 from streambatch.streaming import index_shards
-from streambatch.streaming.demo import make_shards
+from streambatch.cli.corpus import make_shards
 
 
 def main(argv=None) -> None:

@@ -5,14 +5,14 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from .cost import CostModel
-from .plan import Plan
+from .core.cost import CostModel
+from .core.plan import Plan
 from .planners import PLANNERS, make_plan
 
 # The torch/webdataset glue is imported on first use, so that planning and the
 # command line's --help do not pay for importing torch.
 _LAZY = {
-    "DynamicBatchSampler": ".sampler",
+    "DynamicBatchSampler": ".torch_glue.sampler",
     "StreamingBatches": ".streaming",
     "index_shards": ".streaming",
     "IndexSummary": ".streaming",

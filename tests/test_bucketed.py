@@ -12,11 +12,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from streambatch import make_plan
-from streambatch._bucketed import _TAGS, _deal_rank, bucket_sort, step_permutation
-from streambatch._hash import _mix
-from streambatch.bucketed import DEFAULT_BUCKET_WIDTH, bucket_edges, plan_bucketed, plan_key
-from streambatch.cost import CostModel
+from streambatch.planners.bucketed.kernels import _TAGS, _deal_rank, bucket_sort, step_permutation
+from streambatch.core.hashing import _mix
+from streambatch.planners.bucketed.plan import DEFAULT_BUCKET_WIDTH, bucket_edges, plan_bucketed, plan_key
+from streambatch.core.cost import CostModel
 from streambatch.planners import PLANNERS, register_planner
+from helpers import examples
 
 if "bucketed" not in PLANNERS:
     register_planner("bucketed", plan_bucketed)
@@ -72,7 +73,7 @@ lengths_st = st.one_of(
 )
 
 
-@settings(max_examples=250, deadline=None)
+@settings(max_examples=examples(250), deadline=None)
 @given(lengths=lengths_st, world=st.integers(1, 12), size=st.integers(1, 24), tokens=st.integers(1, 4000),
        drop_last=st.booleans(), shuffle=st.booleans(), seed=st.integers(-(2**70), 2**70), epoch=st.integers(0, 5),
        width=st.sampled_from([0.001, 0.01, DEFAULT_BUCKET_WIDTH, 0.2, 1.0]), cost=st.sampled_from(COSTS),
@@ -90,7 +91,7 @@ def test_plan_invariants(lengths, world, size, tokens, drop_last, shuffle, seed,
         assert p.num_dropped < max(biggest, world) + world * size
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=examples(60), deadline=None)
 @given(n=st.integers(200, 1500), world=st.sampled_from([1, 2, 8]), seed=st.integers(0, 2**32))
 def test_determinism_and_epochs_differ(n, world, seed):
     lengths = np.random.default_rng(seed).lognormal(5, 0.8, n).astype(np.int64) + 1
@@ -185,6 +186,7 @@ def test_edge_cases():
                              w, False)
 
 
+@pytest.mark.slow
 def test_wide_lengths_use_the_wide_paths():
     # lengths too large for the bucket table and for int32 (linear cost keeps int64 safe)
     lengths = np.random.default_rng(0).integers(1, 2**33, 500)
@@ -194,7 +196,7 @@ def test_wide_lengths_use_the_wide_paths():
     check_invariants(plan(mid, max_batch_tokens=2**23, max_batch_size=8, world_size=2), mid, 2**23, 8, 2, False)
 
 
-@settings(max_examples=80, deadline=None)
+@settings(max_examples=examples(80), deadline=None)
 @given(lengths=st.lists(st.integers(0, 3000), max_size=400), width=st.sampled_from([0.001, 0.02, 0.3]),
        shuffle=st.booleans(), key=st.integers(0, 2**64 - 1), tokens=st.integers(1, 20000), size=st.integers(1, 64))
 def test_bucket_sort_matches_a_naive_twin(lengths, width, shuffle, key, tokens, size):
@@ -219,7 +221,7 @@ def test_bucket_sort_matches_a_naive_twin(lengths, width, shuffle, key, tokens, 
     assert m == int((bucket <= dense).sum())
 
 
-@settings(max_examples=100, deadline=None)
+@settings(max_examples=examples(100), deadline=None)
 @given(max_len=st.integers(0, 10**7), width=st.floats(0.001, 1.0), phase=st.floats(0, 0.999))
 def test_bucket_edges(max_len, width, phase):
     edges = bucket_edges(max_len, width, phase)

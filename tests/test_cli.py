@@ -18,9 +18,9 @@ import numpy as np
 import pytest
 
 from streambatch import make_plan
-from streambatch.cli import build_parser, main
-from streambatch.cli_plan import is_shards
-from streambatch.report import plan_batches, quality
+from streambatch.cli.main import build_parser, main
+from streambatch.cli.plan import is_shards
+from streambatch.cli.report import plan_batches, quality
 
 
 def sb(*args, script: bool = False, timeout: float = 180) -> subprocess.CompletedProcess:
@@ -50,7 +50,7 @@ def lengths() -> np.ndarray:
 
 @pytest.fixture(scope="module")
 def shards(tmp_path_factory) -> Path:
-    from streambatch.streaming.demo import make_shards
+    from streambatch.cli.corpus import make_shards
 
     d = tmp_path_factory.mktemp("shards")
     make_shards(str(d), 3, 5, seed=1, speech="generated", sample_rate=8000)
@@ -60,6 +60,7 @@ def shards(tmp_path_factory) -> Path:
 # ---------------------------------------------------------------- as a user (subprocess)
 
 
+@pytest.mark.slow
 def test_plan_npy_prints_report_and_writes_figure(tmp_path, lengths):
     pytest.importorskip("matplotlib")
     np.save(tmp_path / "lengths.npy", lengths)
@@ -72,6 +73,7 @@ def test_plan_npy_prints_report_and_writes_figure(tmp_path, lengths):
     assert (tmp_path / "plan.png").read_bytes()[:4] == b"\x89PNG"
 
 
+@pytest.mark.slow
 def test_plan_manifest_json_matches_the_library(tmp_path, lengths):
     with gzip.open(tmp_path / "cuts.jsonl.gz", "wt") as f:
         for i, x in enumerate(lengths):
@@ -86,6 +88,7 @@ def test_plan_manifest_json_matches_the_library(tmp_path, lengths):
         assert got[k] == pytest.approx(v), k
 
 
+@pytest.mark.slow
 def test_plan_bad_argument_and_unreadable_input(tmp_path):
     r = sb("plan", tmp_path / "x.npy", "--max-batch-tokens", "0")
     assert_one_line_error(r.returncode, r.stderr, "--max-batch-tokens", "whole number >= 1", "streambatch plan --help")
@@ -95,6 +98,7 @@ def test_plan_bad_argument_and_unreadable_input(tmp_path):
     assert r.stdout == ""
 
 
+@pytest.mark.slow
 def test_index_then_plan_shards(shards, tmp_path, capsys):
     shards = Path(shutil.copytree(shards, tmp_path / "shards", ignore=shutil.ignore_patterns("*.idx.npz")))
     code = main(["plan", str(shards), "-t", "2000"])  # in process: the same path a user takes, without torch's import
@@ -111,6 +115,7 @@ def test_index_then_plan_shards(shards, tmp_path, capsys):
     assert got["samples"] == 15 and got["source"] == "3 indexed shards (50 frames/s)"
 
 
+@pytest.mark.slow
 def test_bench_small_grid_with_seed_comparison_and_plot(tmp_path):
     pytest.importorskip("matplotlib")
     r = sb("bench", "--sizes", "2e3", "5000", "--worlds", "2", "4", "--seed-n", "300", "--seed-worlds", "2",
@@ -125,6 +130,7 @@ def test_bench_small_grid_with_seed_comparison_and_plot(tmp_path):
     assert_one_line_error(r.returncode, r.stderr, "--sizes")
 
 
+@pytest.mark.slow
 def test_demo_on_a_tiny_corpus(tmp_path):
     r = sb("demo", "--dir", tmp_path / "corpus", "--shards", "4", "--samples-per-shard", "6")
     assert r.returncode == 0, r.stderr
@@ -214,8 +220,8 @@ def test_shard_inputs_are_recognised(tmp_path, shards):
 
 
 def test_bench_helpers_in_process(capsys):
-    from streambatch.benchmark import peak_growth
-    from streambatch.cli_bench import Progress, sweep
+    from streambatch.cli.benchmark import peak_growth
+    from streambatch.cli.bench import Progress, sweep
 
     rows = sweep([1500, 500], [3], ["greedy"], 1)
     assert [(r["n"], r["world_size"]) for r in rows] == [(500, 3), (1500, 3)]

@@ -10,8 +10,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from streambatch._bucketed import batch_cost
-from streambatch.cost import KINDS, CostModel, resolve_cost
+from streambatch.planners.bucketed.kernels import batch_cost
+from streambatch.core.cost import KINDS, CostModel, resolve_cost
+from helpers import examples
 
 MODELS = [CostModel.linear(), CostModel.quadratic(), CostModel.quadratic_duration(1500),
           CostModel.quadratic_duration(1)]
@@ -26,7 +27,7 @@ def naive_cost(model: CostModel, count: int, max_len: int) -> Fraction:
     return count * (max_len + Fraction(max_len**2, model.q))
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(st.sampled_from(MODELS), st.integers(0, 4096), st.integers(0, 10**6))
 def test_kernel_and_object_agree_with_the_formulas(model, count, max_len):
     scaled = int(model.scaled(count, max_len))

@@ -12,22 +12,11 @@ import pytest
 import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch.utils.data import DataLoader, Dataset
+from helpers import Echo, free_port
+
+pytestmark = pytest.mark.slow  # real multi-process runs
 
 WORLD = 4
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class Echo(Dataset):
-    def __len__(self):
-        return 10**9
-
-    def __getitem__(self, i):
-        return i
 
 
 def lengths_for(rank: int, mismatch: bool) -> np.ndarray:

@@ -10,8 +10,9 @@ import torch
 from hypothesis import event, example, given, settings
 from hypothesis import strategies as st
 
-from streambatch import reference as naive
+from streambatch.planners import reference as naive
 from streambatch import make_plan
+from helpers import examples
 
 
 def rank_batches(plan) -> list[list[list[int]]]:
@@ -101,7 +102,7 @@ def cfg_of(t, b=64, w=1, shuffle=True, drop_last=False, seed=42, epoch=0):
                 seed=seed, epoch=epoch)
 
 
-@settings(max_examples=600, deadline=None)
+@settings(max_examples=examples(600), deadline=None)
 @given(lengths_lists(), configs())
 @example([], cfg_of(100, w=4))
 @example([], cfg_of(100, w=4, drop_last=True))
@@ -121,7 +122,7 @@ def test_matches_naive(lengths, cfg):
     event(f"lone sample over budget: {any(x > cfg['max_batch_tokens'] for x in lengths)}")
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=examples(40), deadline=None)
 @given(st.integers(0, 2**40), st.integers(1, 16), st.booleans())
 def test_world_bigger_than_data(seed, world_size, drop_last):
     lengths = list(range(world_size - 1))  # N = W - 1 < W: one partial step
@@ -185,7 +186,7 @@ def test_unbounded_budget(max_batch_tokens):
     check_against_naive(lengths, cfg_of(max_batch_tokens, b=6, w=3))
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=examples(40), deadline=None)
 @given(lengths_lists(), configs())
 def test_deterministic(lengths, cfg):
     a, b = make_plan(lengths, **cfg), make_plan(list(lengths), **cfg)
@@ -201,7 +202,7 @@ def test_fingerprint_sees_a_changed_plan():
     assert a.fingerprint() != b.fingerprint()
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=examples(40), deadline=None)
 @given(st.lists(st.integers(0, 1000), min_size=40, max_size=300), st.integers(0, 2**40), st.integers(1, 8))
 def test_epochs_differ(lengths, seed, world_size):
     plans = [make_plan(lengths, 2000, 16, world_size, seed=seed, epoch=e) for e in range(4)]

@@ -11,7 +11,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from streambatch.manifest import read_lengths
+from streambatch.cli.manifest import read_lengths
+from helpers import examples
 
 
 def write(path, text: str, gz: bool = False):
@@ -32,7 +33,7 @@ def jsonl(records) -> str:
 
 @given(st.lists(st.integers(0, 2**40), min_size=1, max_size=50), st.sampled_from(["npy", "txt", "jsonl", "json"]),
        st.booleans())
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=examples(40), deadline=None)
 def test_integer_lengths_round_trip_through_every_format(tmp_path_factory, lengths, fmt, gz):
     path = tmp_path_factory.mktemp("m") / f"lengths.{fmt}"
     if fmt == "npy":
@@ -54,7 +55,7 @@ def test_integer_lengths_round_trip_through_every_format(tmp_path_factory, lengt
 
 
 @given(st.lists(st.floats(0, 60, allow_nan=False), min_size=1, max_size=50), st.sampled_from([50, 100, 16000]))
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=examples(40), deadline=None)
 def test_seconds_become_ceil_of_frames_like_the_indexer(tmp_path_factory, seconds, fps):
     path = tmp_path_factory.mktemp("m") / "cuts.jsonl"
     write(path, jsonl({"id": f"c{i}", "duration": s} for i, s in enumerate(seconds)))

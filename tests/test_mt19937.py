@@ -9,7 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from streambatch._mt19937 import genrand_uint32, getrandbits, mt_new, randbelow, seed_key, shuffle_slice
+from streambatch.planners.greedy.mt19937 import genrand_uint32, getrandbits, mt_new, randbelow, seed_key, shuffle_slice
+from helpers import examples
 
 SEEDS = [0, 1, -1, 42, 43, -42, 2**31 - 1, 2**32 - 1, 2**32, 2**32 + 1, 2**63 - 1, 2**64, 2**64 + 5,
          -(2**64 + 5), 2**70 + 12345, 2**200 + 3, 10**40]
@@ -36,7 +37,7 @@ def test_seeded_state_equals_cpython(seed):
     assert mt.tolist() == python_state(rng)
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=examples(60), deadline=None)
 @given(st.integers(-(2**130), 2**130))
 def test_seeded_state_equals_cpython_any_seed(seed):
     mt, rng = fresh(seed)
@@ -63,7 +64,7 @@ def test_getrandbits_every_width(seed):
     assert mt.tolist() == python_state(rng)
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=examples(60), deadline=None)
 @given(st.integers(-(2**80), 2**80), st.lists(st.integers(1, 63), max_size=80))
 def test_getrandbits_any_widths(seed, widths):
     mt, rng = fresh(seed)
@@ -84,7 +85,7 @@ def test_randbelow_matches_cpython(seed):
     assert mt.tolist() == python_state(rng)
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=examples(60), deadline=None)
 @given(st.integers(0, 2**40), st.lists(st.integers(1, 2**63 - 1), max_size=40))
 def test_randbelow_any_bound(seed, bounds):
     mt, rng = fresh(seed)
@@ -126,7 +127,7 @@ def test_shuffle_slice_touches_only_the_slice(dtype):
     assert mt.tolist() == python_state(rng)
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=examples(60), deadline=None)
 @given(st.integers(-(2**70), 2**70), st.lists(st.integers(-5, 5), max_size=300), st.data())
 def test_shuffle_slice_any(seed, values, data):
     lo = data.draw(st.integers(0, len(values)))

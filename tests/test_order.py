@@ -9,9 +9,10 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from streambatch.reference import chunk_size, sortish_order as naive_sortish
-from streambatch._mt19937 import mt_new, seed_key
-from streambatch._order import radix_argsort, sortish_order
+from streambatch.planners.reference import chunk_size, sortish_order as naive_sortish
+from streambatch.planners.greedy.mt19937 import mt_new, seed_key
+from streambatch.planners.greedy.order import radix_argsort, sortish_order
+from helpers import examples
 
 INT64_MAX = 2**63 - 1
 
@@ -38,7 +39,7 @@ key_lists = st.one_of(
 )
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(key_lists, st.sampled_from([np.int32, np.int64]))
 @example([], np.int64)
 @example([5], np.int64)
@@ -70,7 +71,7 @@ def reference(lengths, size, seed):
     return naive_sortish(list(lengths), size, rng), rng
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=examples(150), deadline=None)
 @given(
     st.one_of(st.lists(st.integers(0, 4), max_size=1500), st.lists(st.integers(0, 10**9), max_size=1500)),
     st.one_of(st.integers(1, 10), st.sampled_from([64, 128, 511, 512])),

@@ -8,8 +8,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from streambatch import make_plan
-from streambatch.report import (bar, histogram, nice_width, plan_batches, plot_plan, plot_throughput, quality,
-                                rank_batches, seconds_label, step_balance)
+from streambatch.cli.report import (bar, histogram, nice_width, plan_batches, plot_plan, plot_throughput, quality,
+                                    rank_batches, seconds_label, step_balance)
+from helpers import examples
 
 
 def naive_quality(plan, lengths, budget):
@@ -35,7 +36,7 @@ def naive_quality(plan, lengths, budget):
 
 @given(st.lists(st.integers(1, 400), min_size=1, max_size=300), st.integers(1, 6), st.integers(400, 3000),
        st.integers(1, 16), st.booleans())
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=examples(60), deadline=None)
 def test_metrics_match_the_definitions(lengths, world, budget, cap, drop_last):
     lengths = np.array(lengths, dtype=np.int64)
     plan = make_plan(lengths, budget, cap, world, drop_last=drop_last, seed=3)

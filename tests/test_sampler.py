@@ -9,25 +9,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch.utils.data import DataLoader, Dataset
 
-from streambatch.reference import padded_rank_batches, seed_rank_batches
+from streambatch.planners.reference import padded_rank_batches, seed_rank_batches
 from roundtrip import check_state_roundtrip
 from streambatch import DynamicBatchSampler
+from helpers import Echo, examples, lognormal_lengths
 
 
-def lognormal_lengths(n: int, seed: int = 0) -> np.ndarray:
-    rs = np.random.default_rng(seed)
-    return np.ceil(np.clip(rs.lognormal(np.log(5), 0.8, n), 0.5, 30) * 50).astype(np.int64)
-
-
-class Echo(Dataset):
-    def __len__(self):
-        return 10**9
-
-    def __getitem__(self, i):
-        return i
-
-
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=examples(60), deadline=None)
 @given(
     lengths=st.lists(st.integers(0, 60), max_size=120),
     world_size=st.integers(1, 6),

@@ -16,7 +16,8 @@ from torch.utils.data import DataLoader
 from roundtrip import check_state_roundtrip
 from shards import FPS, SAMPLE_RATE, write_corpus
 from streambatch.streaming import ShardError, StreamingBatches, collate_audio, index_shards, sidecar_path
-from streambatch.streaming.index import length_spec, read_arrays, shard_stat, write_sidecar
+from streambatch.streaming.lengths import length_spec
+from streambatch.streaming.sidecar import read_arrays, shard_stat, write_sidecar
 
 SIZES = [37, 23, 41, 0, 29, 35, 18, 44, 31, 26, 39, 22]
 BUDGET, CAP = 400, 12
@@ -144,6 +145,7 @@ def test_dataloader_workers_do_not_change_output(corpus, persistent):
             assert got == ref[e], (workers, e)
 
 
+@pytest.mark.slow
 def test_spawned_persistent_workers_follow_set_epoch(corpus):
     """Spawn-started workers get the dataset by pickling: the shared epoch
     block must travel with it, so set_epoch still reaches them."""

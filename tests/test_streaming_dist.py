@@ -16,14 +16,11 @@ import torch.multiprocessing as mp
 from launch_torchrun import BUDGET, CAP, WINDOW, run_rank
 from shards import FPS, write_corpus
 from streambatch.streaming import StreamingBatches, index_shards
+from helpers import free_port
+
+pytestmark = pytest.mark.slow  # real multi-process runs
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")

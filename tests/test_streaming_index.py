@@ -14,8 +14,9 @@ import soundfile
 from shards import FPS, SAMPLE_RATE, audio_bytes, write_corpus, write_with_shardwriter, wds_samples
 from streambatch.streaming import ShardError, StreamingBatches, index_shards, length_spec, sidecar_path
 from streambatch.streaming.audio import audio_info, flac_info, wav_info
-from streambatch.streaming.index import read_arrays, read_meta, shard_stat, write_sidecar
-from streambatch.streaming.shards import LocalReader, expand_urls, parse_sample
+from streambatch.streaming.sidecar import read_arrays, read_meta, shard_stat, write_sidecar
+from streambatch.streaming.reader import LocalReader, expand_urls
+from streambatch.streaming.tar import parse_sample
 
 
 @pytest.fixture(scope="module")
@@ -222,7 +223,7 @@ def test_sidecar_meta_records_identity(corpus, tmp_path):
 
 
 def test_demo_corpus_is_reproducible_and_streams(tmp_path):
-    from streambatch.streaming.demo import make_shards
+    from streambatch.cli.corpus import make_shards
 
     a = make_shards(str(tmp_path / "a"), 2, 6, seed=4, sample_rate=8000, median_seconds=0.5, speech="generated")
     b = make_shards(str(tmp_path / "b"), 2, 6, seed=4, sample_rate=8000, median_seconds=0.5, speech="generated")
@@ -239,6 +240,6 @@ def test_demo_corpus_is_reproducible_and_streams(tmp_path):
 
 
 def _umask():
-    from streambatch.streaming.index import _umask as u
+    from streambatch.streaming.sidecar import _umask as u
 
     return u()

@@ -17,6 +17,7 @@ from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
 from streambatch import Plan, make_plan
+from helpers import examples
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -227,7 +228,7 @@ INVALID = dict(
 )
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(st.sets(st.sampled_from(sorted(VALID)), max_size=2), st.data())
 def test_fuzz_plan_or_clear_error(corrupt, data):
     """Any argument mix gives a Plan or exactly ValueError/TypeError (no Numba or numpy error)."""

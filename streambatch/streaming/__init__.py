@@ -3,8 +3,11 @@
 from .audio import collate_audio, decode_audio
 from .catalog import Catalog, open_catalog
 from .dataset import StreamingBatches
-from .index import IndexSummary, LengthSpec, index_shards, length_spec, sidecar_path
-from .shards import ShardError, expand_urls
+from .errors import ShardError
+from .indexer import IndexSummary, index_shards
+from .lengths import LengthSpec, length_spec
+from .reader import expand_urls
+from .sidecar import sidecar_path
 from .window import EpochSummary
 
 __all__ = [

@@ -13,8 +13,9 @@ from typing import Any
 
 import numpy as np
 
-from .index import length_spec, read_arrays, read_meta, sidecar_path, staleness
-from .shards import expand_urls, is_local
+from .lengths import length_spec
+from .reader import expand_urls, is_local
+from .sidecar import read_arrays, read_meta, sidecar_path, staleness
 
 
 @dataclass(frozen=True)
@@ -101,7 +102,7 @@ def open_catalog(urls: Any, *, index_dir: str | None = None, index_missing: bool
     if bad:
         fixable = [i for i, _ in bad if is_local(urls[i])]
         if index_missing and len(fixable) == len(bad):
-            from .index import index_shards
+            from .indexer import index_shards
 
             index_shards([urls[i] for i in fixable], length_from=spec or length_spec(), index_dir=index_dir,
                          workers=index_workers, progress=False, force=True)

@@ -14,11 +14,13 @@ import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
 from ..planners import check_planner, make_plan
-from ..distributed import check_same_everywhere, is_distributed, resolve_world
-from ..validation import check_budget, check_flag, check_int, check_seed
+from ..torch_glue.distributed import check_same_everywhere, is_distributed, resolve_world
+from ..core.validation import check_budget, check_flag, check_int, check_seed
 from .audio import decode_audio
 from .catalog import Catalog, open_catalog
-from .shards import LocalReader, ShardError, expand_urls, is_local, parse_sample, read_stream_regions
+from .errors import ShardError
+from .reader import LocalReader, expand_urls, is_local, read_stream_regions
+from .tar import parse_sample
 from .window import EpochSummary, WindowConfig, iter_windows, summarize
 
 log = logging.getLogger("streambatch.streaming")
@@ -361,7 +363,7 @@ class StreamingBatches(IterableDataset):
 def _index_share(urls, rank, world_size, index_dir, length_from, frames_per_second, workers) -> None:
     """With index_missing under torch.distributed, each rank indexes 1/W of
     the missing local shards, then all meet at one barrier."""
-    from .index import index_shards
+    from .indexer import index_shards
 
     mine = [u for i, u in enumerate(expand_urls(urls)) if i % world_size == rank and is_local(u)]
     try:

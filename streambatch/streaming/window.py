@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..plan import Plan
+from ..core.plan import Plan
 from ..planners import make_plan
 
 _U64 = 1 << 64

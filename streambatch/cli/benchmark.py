@@ -18,8 +18,8 @@ from collections.abc import Callable, Iterable
 
 import numpy as np
 
-from . import reference
-from .planners import PLANNERS, make_plan
+from ..core.units import seconds_to_frames
+from ..planners import PLANNERS, make_plan, reference
 
 BUDGET = 16_000  # frames (50 frames/s: 320 s of audio per batch)
 CAP = 64
@@ -29,7 +29,7 @@ def audio_lengths(n: int, seed: int = 0) -> np.ndarray:
     """(n,) int64 frame counts: log-normal durations clipped to 0.5-30 s at 50 frames/s."""
     rs = np.random.default_rng(seed)
     seconds = np.clip(rs.lognormal(np.log(5.0), 0.8, n), 0.5, 30.0)
-    return np.ceil(seconds * 50).astype(np.int64)
+    return seconds_to_frames(seconds, 50)
 
 
 def best_time(fn: Callable[[], object], repeats: int) -> float:
@@ -104,7 +104,7 @@ import numpy as np
 
 t0 = time.perf_counter()
 from streambatch import make_plan
-from streambatch.benchmark import peak_growth
+from streambatch.cli.benchmark import peak_growth
 t_import = time.perf_counter() - t0
 lengths = np.load(sys.argv[1])
 w, planner, repeats = int(sys.argv[2]), sys.argv[3], int(sys.argv[4])

@@ -30,6 +30,8 @@ from typing import IO, Any
 
 import numpy as np
 
+from ..core.units import check_fps, seconds_to_frames
+
 DURATION_FIELDS = ("duration", "audio_duration")
 _NPY_MAGIC = b"\x93NUMPY"
 _GZIP_MAGIC = b"\x1f\x8b"
@@ -46,7 +48,7 @@ def read_lengths(path: str, field: str | None = None, frames_per_second: float |
     naming the file and line, for malformed content.
     """
     path = os.fspath(path)
-    fps = check_fps(frames_per_second)
+    fps = check_fps(frames_per_second, "frames per second")
     if os.path.isdir(path):
         raise IsADirectoryError(f"{path} is a directory; pass a lengths file (.npy, text, .jsonl) or tar shards")
     with open(path, "rb") as raw:
@@ -59,15 +61,6 @@ def read_lengths(path: str, field: str | None = None, frames_per_second: float |
                 raise ValueError(f"{path}: corrupt gzip data ({exc})") from None
     with open(path, "rb") as f:
         return _read(f, path, field, fps)
-
-
-def check_fps(frames_per_second: Any) -> float | None:
-    if frames_per_second is None:
-        return None
-    if isinstance(frames_per_second, bool) or not isinstance(frames_per_second, numbers.Real) \
-            or not math.isfinite(frames_per_second) or frames_per_second <= 0:
-        raise ValueError(f"frames per second must be a finite number > 0 (e.g. 50 or 100), got {frames_per_second!r}")
-    return float(frames_per_second)
 
 
 def _read(f: IO[bytes], path: str, field: str | None, fps: float | None) -> np.ndarray:
@@ -265,12 +258,10 @@ def to_lengths(values: np.ndarray, path: str, fps: float | None, where) -> np.nd
         i = int(np.flatnonzero(values < 0)[0])
         raise ValueError(f"{path} {where(i)}: {values[i]} is negative (lengths are >= 0)")
     if fps is not None:
-        # The tolerance matches streambatch index: 0.07 s at 100/s is 7 frames, not 8.
-        frames = np.ceil(values.astype(np.float64) * fps - 1e-6)
-        frames = np.maximum(frames, 0)
-        if (frames >= 2.0**62).any():
-            raise ValueError(f"{path}: a length of {float(values.max())!r} s at {fps:g} frames/s overflows; check the units")
-        return frames.astype(np.int64)
+        try:
+            return seconds_to_frames(values, fps)
+        except ValueError as exc:
+            raise ValueError(f"{path}: {exc}") from None
     if values.dtype.kind == "f":
         frac = values != np.floor(values)
         if frac.any():

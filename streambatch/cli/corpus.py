@@ -67,7 +67,7 @@ def make_shards(out_dir: str, n_shards: int = 8, samples_per_shard: int = 100, s
     import soundfile
     import webdataset as wds
 
-    from ..validation import check_int
+    from ..core.validation import check_int
 
     n_shards = check_int("n_shards", n_shards, 1)
     samples_per_shard = check_int("samples_per_shard", samples_per_shard, 1)

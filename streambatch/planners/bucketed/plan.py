@@ -41,12 +41,12 @@ from typing import Any
 
 import numpy as np
 
-from ._bucketed import bucket_sort, plan_steps, step_permutation
-from ._hash import _mix, hash_array
-from ._mt19937 import seed_key
-from .cost import INT64_MAX, CostModel, resolve_cost
-from .greedy import index_dtype
-from .plan import Plan, assemble, finish_last_step
+from .kernels import bucket_sort, plan_steps, step_permutation
+from ...core.hashing import _mix, hash_array
+from ..greedy.mt19937 import seed_key
+from ...core.cost import INT64_MAX, CostModel, resolve_cost
+from ..greedy.plan import index_dtype
+from ...core.plan import Plan, assemble, finish_last_step
 
 DEFAULT_BUCKET_WIDTH = 0.02
 MIN_BUCKET_WIDTH = 0.001  # keeps the bucket count (~ ln(max_len) / width) in the tens of thousands

@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterable
 import numpy as np
 
 from . import benchmark
-from .planners import make_plan
+from ..planners import make_plan
 
 
 class Progress:

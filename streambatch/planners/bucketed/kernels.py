@@ -16,7 +16,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from ._hash import _mix
+from ...core.hashing import _mix
 
 _TAGS = 512  # within-bucket shuffle: one radix pass over 512 random tags
 _TABLE_MAX = 1 << 22  # longest length a bucket lookup table is built for (else: bisection)

@@ -1,4 +1,4 @@
-"""``streambatch plan`` and ``streambatch index``: lengths in, a quality report out.
+"""``streambatch plan``: lengths in, a quality report out.
 
 INPUTs are lengths files and manifests (``streambatch.manifest``) or indexed
 WebDataset shards (their sidecars' lengths); the plan is ``make_plan``'s and
@@ -30,7 +30,7 @@ def is_shards(text: str) -> bool:
     return os.path.isdir(text) and any(n.endswith(_SHARD_EXT) for n in os.listdir(text))
 
 
-def _shard_list(text: str) -> list[str]:
+def shard_list(text: str) -> list[str]:
     if os.path.isdir(text):
         found = sorted(os.path.join(text, n) for n in os.listdir(text) if n.endswith(_SHARD_EXT))
         if not found:
@@ -47,11 +47,11 @@ def load_inputs(inputs: list[str], field: str | None, fps: float | None, index_d
     from .manifest import read_lengths
 
     parts, names = [], []
-    shards = [s for text in inputs if is_shards(text) for s in _shard_list(text)]
+    shards = [s for text in inputs if is_shards(text) for s in shard_list(text)]
     files = [text for text in inputs if not is_shards(text)]
     if shards:
-        from .streaming import open_catalog
-        from .streaming.index import read_meta
+        from ..streaming import open_catalog
+        from ..streaming.sidecar import read_meta
 
         hint = inputs[0] if len(inputs) == 1 else None
         cat = open_catalog(shards, index_dir=index_dir, url_hint=hint)
@@ -78,7 +78,7 @@ def load_inputs(inputs: list[str], field: str | None, fps: float | None, index_d
 
 
 def run_plan(args: argparse.Namespace) -> int:
-    from .planners import make_plan
+    from ..planners import make_plan
     from .report import (check_figure_path, format_quality, histogram, plan_batches, plot_plan, quality,
                          seconds_label)
 
@@ -132,31 +132,3 @@ def _length_summary(lengths: np.ndarray, fps: float | None) -> str:
     if fps:
         text += f" = {audio_time(lengths.sum() / fps)}"
     return text
-
-
-# ---------------------------------------------------------------- index
-
-
-def run_index(args: argparse.Namespace) -> int:
-    from .streaming import index_shards
-
-    shards = [u for text in args.shards for u in _shard_list(text)]
-    s = index_shards(shards, length_from=args.length_from, frames_per_second=args.frames_per_second,
-                     index_dir=args.index_dir, workers=args.workers,
-                     progress=not args.no_progress and sys.stderr.isatty(), force=args.force)
-    fps = args.frames_per_second
-    sec = (lambda v: f" ({v / fps:.1f} s)") if fps else (lambda v: "")
-    where = f"in {args.index_dir}" if args.index_dir else "next to the shards"
-    print(f"{s.shards:,} shards: {s.indexed:,} indexed, {s.current:,} already current ({s.seconds:.1f} s); "
-          f"sidecars {where}")
-    print(f"  samples          {s.samples:,}")
-    total = f"{s.total_length:,}"
-    if fps:
-        total += f" frames = {audio_time(s.total_length / fps)}"
-    print(f"  total length     {total}")
-    if s.percentiles:
-        print("  length           " + ", ".join(f"{k} {v:,}{sec(v)}" for k, v in s.percentiles.items()))
-    pattern = args.shards[0] if len(args.shards) == 1 else "SHARDS..."
-    flags = f" --index-dir {args.index_dir}" if args.index_dir else ""  # the sidecars tell plan the frame rate
-    print(f"next: streambatch plan '{pattern}'{flags} --max-batch-tokens 16000 --world-size 8")
-    return 0

@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._greedy import greedy_steps
-from ._mt19937 import mt_new, seed_key, shuffle_slice
-from ._order import sortish_order
-from .plan import Plan, assemble, finish_last_step
+from .kernels import greedy_steps
+from .mt19937 import mt_new, seed_key, shuffle_slice
+from .order import sortish_order
+from ...core.plan import Plan, assemble, finish_last_step
 
 
 def seed_chunk_size(world_size: int, max_batch_size: int) -> int:

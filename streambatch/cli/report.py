@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .plan import Plan
+from ..core.plan import Plan
 
 _EIGHTHS = " ▏▎▍▌▋▊▉█"
 

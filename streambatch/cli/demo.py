@@ -17,6 +17,8 @@ import time
 
 import numpy as np
 
+from ..core.units import seconds_to_frames
+
 FPS = 50  # planning frames per second of audio: lengths are ceil(duration * 50)
 
 
@@ -24,8 +26,8 @@ def run_demo(args: argparse.Namespace) -> int:
     from torch.utils.data import DataLoader
 
     from .report import audio_time, format_quality, quality, rank_batches
-    from .streaming import StreamingBatches, collate_audio, index_shards
-    from .streaming.demo import make_shards
+    from ..streaming import StreamingBatches, collate_audio, index_shards
+    from .corpus import make_shards
 
     w, t_budget = args.world_size, args.max_batch_tokens
     print(f"streambatch demo: {args.shards} shards x {args.samples_per_shard} utterances, {w} simulated ranks x "
@@ -61,7 +63,7 @@ def run_demo(args: argparse.Namespace) -> int:
             lengths, n, audio_s = [], 0, 0.0
             for batch in loader:
                 # The planner's own units: the frame count the sidecar holds for each sample.
-                lengths.append(np.array([math.ceil(m["duration"] * FPS - 1e-6) for m in batch["json"]], dtype=np.int64))
+                lengths.append(seconds_to_frames(np.array([m["duration"] for m in batch["json"]]), FPS))
                 keys.extend(batch["keys"])
                 n += len(batch["keys"])
                 audio_s += float(batch["audio_lengths"].sum()) / batch["sample_rate"]
@@ -107,7 +109,7 @@ def planned_batches(catalog, config, epoch: int = 0):
     """Batches (see ``report.Batches``) of the epoch StreamingBatches streams
     with ``config``, planned window by window from the sidecar lengths alone."""
     from .report import Batches, plan_batches
-    from .streaming.window import iter_windows
+    from ..streaming.window import iter_windows
 
     parts = []
     for win in iter_windows(catalog.counts, catalog.lengths, config, epoch):
@@ -123,7 +125,7 @@ def planner_rows(ds, args: argparse.Namespace) -> list:
     """(name, Quality) of the epoch each planner would stream, planned from the sidecars (no audio read)."""
     from dataclasses import replace
 
-    from .planners import PLANNERS
+    from ..planners import PLANNERS
     from .report import quality
 
     return [(name, quality(planned_batches(ds.catalog, replace(ds.config, planner=name)), args.max_batch_tokens))

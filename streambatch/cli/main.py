@@ -2,7 +2,7 @@
 
 Thin glue: argument parsing, one-line errors and printing. The work is done
 by ``make_plan``, ``streambatch.report``, ``streambatch.manifest``, the
-streaming package, and the ``cli_demo`` / ``cli_plan`` / ``cli_bench`` modules.
+streaming package, and one module per subcommand in this package.
 
 User mistakes (bad arguments, unreadable or malformed inputs) print one line,
 ``streambatch: error: ...``, on stderr and exit with status 2; set
@@ -89,7 +89,7 @@ class _Formatter(argparse.RawDescriptionHelpFormatter):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from .planners import PLANNERS
+    from ..planners import PLANNERS
 
     planners = sorted(PLANNERS)
     p = _Parser(prog=PROG, formatter_class=_Formatter, description=(
@@ -119,7 +119,7 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--speech", choices=("generated", "espeak", "auto"), default="generated",
                    help="audio: generated pseudo-speech (fast), espeak-ng speech, or espeak-ng when installed")
     d.add_argument("--seed", type=_whole(None), default=0, metavar="S", help="corpus and planning seed")
-    d.set_defaults(run=("cli_demo", "run_demo"))
+    d.set_defaults(run=("demo", "run_demo"))
 
     pl = sub.add_parser("plan", formatter_class=_Formatter, help="plan an epoch of your lengths and report its quality",
                         description=(
@@ -156,7 +156,7 @@ def build_parser() -> argparse.ArgumentParser:
     pl.add_argument("--index-dir", metavar="DIR", help="where the shards' sidecars are, if not next to the shards")
     pl.add_argument("--plot", metavar="FILE.png", help="also write a figure (needs matplotlib)")
     pl.add_argument("--json", action="store_true", help="print the metrics as one JSON object instead")
-    pl.set_defaults(run=("cli_plan", "run_plan"))
+    pl.set_defaults(run=("plan", "run_plan"))
 
     b = sub.add_parser("bench", formatter_class=_Formatter, help="planning speed at scale",
                        description=(
@@ -179,7 +179,7 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--compile-times", action="store_true",
                    help="also time Numba compilation in fresh processes (cold and warm cache; ~1 min)")
     b.add_argument("--plot", metavar="FILE.png", help="also draw throughput against N and W (needs matplotlib)")
-    b.set_defaults(run=("cli_bench", "run_bench"))
+    b.set_defaults(run=("bench", "run_bench"))
 
     ix = sub.add_parser("index", formatter_class=_Formatter, help="write sidecar indexes of WebDataset shards",
                         description=(
@@ -199,7 +199,7 @@ def build_parser() -> argparse.ArgumentParser:
     ix.add_argument("--workers", type=_whole(1), metavar="N", help="processes scanning shards (default: CPU count)")
     ix.add_argument("--force", action="store_true", help="re-index shards whose sidecar is current")
     ix.add_argument("--no-progress", action="store_true", help="no progress bar")
-    ix.set_defaults(run=("cli_plan", "run_index"))
+    ix.set_defaults(run=("index", "run_index"))
     return p
 
 
@@ -209,7 +209,7 @@ def recommended_planner(planners: list[str]) -> str:
 
 
 def _version() -> str:
-    from . import __version__
+    from .. import __version__
 
     return __version__
 

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from .bucketed import plan_bucketed
-from .greedy import plan_greedy
-from .plan import Plan
-from .validation import check_budget, check_cost_range, check_flag, check_int, check_seed, coerce_lengths
+from .bucketed.plan import plan_bucketed
+from .greedy.plan import plan_greedy
+from ..core.plan import Plan
+from ..core.validation import check_budget, check_cost_range, check_flag, check_int, check_seed, coerce_lengths
 
 # name -> function(lengths, max_batch_tokens, max_batch_size, world_size,
 #                  shuffle, drop_last, seed, epoch, **options) -> Plan

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from ._mt19937 import shuffle_slice
+from .mt19937 import shuffle_slice
 
 _DIGIT_BITS = 11  # 2,048 buckets: the histogram stays in L1 cache
 _RADIX = 1 << _DIGIT_BITS

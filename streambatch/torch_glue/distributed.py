@@ -7,7 +7,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from .validation import check_world
+from ..core.validation import check_world
 
 
 def is_distributed() -> bool:

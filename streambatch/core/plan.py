@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ._hash import hash_array
+from .hashing import hash_array
 
 
 @dataclass(frozen=True, eq=False)

@@ -8,9 +8,9 @@ from typing import Any
 from torch.utils.data import Sampler
 
 from .distributed import check_same_everywhere, resolve_world
-from .plan import Plan, RankBatches, config_fingerprint
-from .planners import check_planner, make_plan
-from .validation import check_budget, check_flag, check_int, check_seed, coerce_lengths
+from ..core.plan import Plan, RankBatches, config_fingerprint
+from ..planners import check_planner, make_plan
+from ..core.validation import check_budget, check_flag, check_int, check_seed, coerce_lengths
 
 _STATE_VERSION = 1
 
