@@ -32,14 +32,10 @@ from dataclasses import dataclass, field
 
 import pytest
 
+from helpers import free_port
+
 HOST = "127.0.0.1"
 S3_KEY = S3_SECRET = "testing"  # moto accepts any credentials
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind((HOST, 0))
-        return s.getsockname()[1]
 
 
 def wait_port(port: int, proc: subprocess.Popen | None = None, timeout: float = 30.0) -> None:
