@@ -70,12 +70,14 @@ def nginx_binary() -> str | None:
 
 @dataclass
 class LogEntry:
-    """One access-log line: method, path, status, bytes sent (headers and body), Range header."""
+    """One access-log line: method, path, status, bytes sent (headers and
+    body), body bytes, Range header."""
 
     method: str
     path: str
     status: int
     bytes_sent: int
+    body_bytes: int
     range: str
 
 
@@ -95,8 +97,8 @@ class Nginx:
         out = []
         with open(self.log_path) as f:
             for line in f:
-                method, path, status, sent, rng = line.rstrip("\n").split("\t")
-                out.append(LogEntry(method, path, int(status), int(sent), "" if rng == "-" else rng))
+                method, path, status, sent, body, rng = line.rstrip("\n").split("\t")
+                out.append(LogEntry(method, path, int(status), int(sent), int(body), "" if rng == "-" else rng))
         return out
 
     def clear_log(self) -> None:
@@ -111,7 +113,7 @@ error_log {prefix}/error.log warn;
 {user}
 events {{ worker_connections 512; }}
 http {{
-    log_format sb '$request_method\\t$uri\\t$status\\t$bytes_sent\\t$http_range';
+    log_format sb '$request_method\\t$uri\\t$status\\t$bytes_sent\\t$body_bytes_sent\\t$http_range';
     access_log {prefix}/access.log sb;
     client_body_temp_path {prefix}/body;
     proxy_temp_path {prefix}/proxy;

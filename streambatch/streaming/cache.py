@@ -107,7 +107,9 @@ class ShardCache:
         self.prefetch_bytes = prefetch_bytes
         self.stats = stats or IOStats()
         self._pool = ThreadPoolExecutor(max(1, threads), thread_name_prefix="streambatch-prefetch")
-        self._lock = threading.Lock()
+        # Re-entrant: a future that is already done runs its callback (which
+        # takes this lock) inside _top_up, which holds it.
+        self._lock = threading.RLock()
         self._queue: list[ShardRef] = []
         self._futures: dict[str, Future] = {}
         self._taken: set[str] = set()

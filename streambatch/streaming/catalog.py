@@ -8,25 +8,38 @@ from __future__ import annotations
 
 import hashlib
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
 from .lengths import length_spec
 from .reader import expand_urls, is_local
+from .catalog_file import is_catalog, read_catalog
+from .remote_index import exists
 from .sidecar import read_arrays, read_meta, sidecar_path, staleness
 
 
 @dataclass(frozen=True)
 class Catalog:
     """urls: shard URLs in the order given; sidecars: their sidecar paths;
-    counts: (S,) int64 samples per shard; digests: per-sidecar content hash."""
+    counts: (S,) int64 samples per shard; digests: per-sidecar content hash.
+
+    From a catalog file (``catalog_file.py``) also: sizes (S,) int64 (-1:
+    unknown) and etags of the shards as indexed, and every planning length
+    (``packed``, shard after shard; ``starts`` (S + 1,) int64 cut points),
+    so planning opens no sidecar. storage_options reach remote sidecars.
+    """
 
     urls: tuple[str, ...]
     sidecars: tuple[str, ...]
     counts: np.ndarray
     digests: tuple[str, ...]
+    sizes: np.ndarray | None = None
+    etags: tuple[str, ...] | None = None
+    packed: np.ndarray | None = None
+    starts: np.ndarray | None = None
+    storage_options: dict | None = field(default=None, repr=False, compare=False)
 
     @property
     def num_samples(self) -> int:
@@ -34,13 +47,15 @@ class Catalog:
 
     def lengths(self, shard: int) -> np.ndarray:
         """(n,) int64 planning lengths of one shard's samples, in tar order."""
-        (lengths,) = read_arrays(self.sidecars[shard], ("lengths",))
+        if self.packed is not None:
+            return self.packed[self.starts[shard] : self.starts[shard + 1]].astype(np.int64)
+        (lengths,) = read_arrays(self.sidecars[shard], ("lengths",), self.storage_options)
         self._check(shard, lengths)
         return lengths
 
     def table(self, shard: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(keys (n,) bytes, offsets (n,) int64, sizes (n,) int64) of one shard."""
-        keys, offsets, sizes = read_arrays(self.sidecars[shard], ("keys", "offsets", "sizes"))
+        keys, offsets, sizes = read_arrays(self.sidecars[shard], ("keys", "offsets", "sizes"), self.storage_options)
         self._check(shard, keys)
         return keys, offsets, sizes
 
@@ -63,14 +78,17 @@ class Catalog:
 
 def open_catalog(urls: Any, *, index_dir: str | None = None, index_missing: bool = False,
                  length_from: Any = None, frames_per_second: Any = None, index_workers: int | None = 1,
-                 url_hint: str | None = None) -> Catalog:
-    """Find and check every shard's sidecar.
+                 url_hint: str | None = None, storage_options: dict | None = None) -> Catalog:
+    """Find and check every shard's sidecar, or read a catalog file
+    (``urls`` = ``.../NAME.catalog.npz``, local or remote: one request).
 
     A missing or stale sidecar is an error naming the ``streambatch index``
     command to run; with ``index_missing`` local shards are indexed here
     instead (``length_from`` then says how). If ``length_from`` is given,
     sidecars written with another length source count as stale.
     """
+    if is_catalog(urls):
+        return _from_file(os.fspath(urls), length_from, frames_per_second, storage_options)
     urls = expand_urls(urls)
     paths = [sidecar_path(u, index_dir) for u in urls]
     dup = _first_duplicate(paths)
@@ -84,11 +102,11 @@ def open_catalog(urls: Any, *, index_dir: str | None = None, index_missing: bool
     metas: list[dict | None] = []
     for i, (url, path) in enumerate(zip(urls, paths)):
         meta = None
-        if not os.path.exists(path):
+        if not exists(path, storage_options):
             bad.append((i, "no sidecar"))
         else:
             try:
-                meta = read_meta(path)
+                meta = read_meta(path, storage_options)
             except Exception as exc:
                 bad.append((i, f"unreadable sidecar ({exc})"))
             else:
@@ -111,7 +129,21 @@ def open_catalog(urls: Any, *, index_dir: str | None = None, index_missing: bool
         else:
             raise FileNotFoundError(_missing_message(urls, bad, index_dir, index_missing, url_hint, spec))
     counts = np.array([m["samples"] for m in metas], dtype=np.int64)
-    return Catalog(tuple(urls), tuple(paths), counts, tuple(m["digest"] for m in metas))
+    sizes = np.array([m["size"] if m.get("size") is not None else -1 for m in metas], dtype=np.int64)
+    return Catalog(tuple(urls), tuple(paths), counts, tuple(m["digest"] for m in metas), sizes,
+                   tuple(m.get("etag") or "" for m in metas), storage_options=storage_options)
+
+
+def _from_file(path: str, length_from: Any, frames_per_second: Any, storage_options: dict | None) -> Catalog:
+    c = read_catalog(path, storage_options)
+    if length_from is not None:
+        want = length_spec(length_from, frames_per_second).describe()
+        if c["meta"]["length_from"] != want:
+            raise ValueError(f"catalog {path} holds lengths from {c['meta']['length_from']!r}, not {want!r}; "
+                             "re-index with the same --length-from/--frames-per-second or drop length_from")
+    starts = np.concatenate([[0], np.cumsum(c["counts"])]).astype(np.int64)
+    return Catalog(tuple(c["urls"]), tuple(c["sidecars"]), c["counts"].astype(np.int64), tuple(c["digests"]),
+                   c["sizes"], tuple(c["etags"]), c["lengths"], starts, storage_options)
 
 
 def _first_duplicate(paths: list[str]) -> tuple[int, int] | None:

@@ -19,7 +19,9 @@ from ..core.validation import check_budget, check_flag, check_int, check_seed
 from .audio import decode_audio
 from .catalog import Catalog, open_catalog
 from .errors import ShardError
-from .reader import LocalReader, expand_urls, is_local, read_stream_regions
+from .reader import LocalReader, expand_urls, is_local
+from .remote import RetryPolicy
+from .remote_io import RemoteIO, check_identity, lookahead
 from .tar import parse_sample
 from .window import EpochSummary, WindowConfig, iter_windows, summarize
 
@@ -69,7 +71,12 @@ class StreamingBatches(IterableDataset):
     verify: when ``torch.distributed`` is initialised, all-reduce a
         fingerprint of shards, sidecars and config once at construction and
         raise on every rank if any rank differs (no collectives afterwards,
-        none in DataLoader workers).
+        none in DataLoader workers). Remote shards are also checked against
+        the size and ETag recorded at indexing (each rank checks 1/W of them).
+    storage_options, cache_dir, prefetch_shards, prefetch_bytes, retry:
+        remote shards (``s3://``, ``gs://``, ``https://``, ``hf://``, ``pipe:``;
+        see ``remote_io.RemoteIO``): fsspec options, the node-local cache
+        directory, how far ahead to download, and the ``RetryPolicy``.
     """
 
     def __init__(self, urls: Any, max_batch_tokens: Any, max_batch_size: Any = 64, *,
@@ -78,7 +85,8 @@ class StreamingBatches(IterableDataset):
                  index_dir: str | None = None, index_missing: bool = False, length_from: Any = None,
                  frames_per_second: Any = None, index_workers: Any = 1, decode: Any = None,
                  collate_fn: Callable | None = None, on_error: str = "raise", verify: bool = True,
-                 **planner_options: Any):
+                 storage_options: dict | None = None, cache_dir: str | None = None, prefetch_shards: Any = 4,
+                 prefetch_bytes: Any = None, retry: Any = None, **planner_options: Any):
         super().__init__()
         tokens = check_budget(max_batch_tokens)
         size = check_int("max_batch_size", max_batch_size, 1)
@@ -103,11 +111,15 @@ class StreamingBatches(IterableDataset):
         try:
             self.catalog: Catalog = open_catalog(urls, index_dir=index_dir, index_missing=index_missing,
                                                  length_from=length_from, frames_per_second=frames_per_second,
-                                                 index_workers=index_workers, url_hint=url_hint)
+                                                 index_workers=index_workers, url_hint=url_hint,
+                                                 storage_options=storage_options)
+            if verify:  # remote shards changed since indexing: fail now, not mid-epoch
+                check_identity(self.catalog, rank, world_size, storage_options,
+                               retry if isinstance(retry, RetryPolicy) else None)
             h = hashlib.blake2b(digest_size=8)
             h.update((self.catalog.fingerprint() + repr(self.config.key())).encode())
             self.fingerprint = h.hexdigest()
-        except (OSError, ValueError, TypeError) as exc:
+        except (OSError, ValueError, TypeError, ImportError) as exc:
             failure = exc
         if verify:
             # A rank that failed to open its sidecars still joins the check
@@ -138,6 +150,9 @@ class StreamingBatches(IterableDataset):
         self.num_skipped = 0
         self.bytes_read = 0  # tar bytes this process read (files and streams)
         self._stream_bytes = 0
+        self.remote = RemoteIO.for_catalog(self.catalog, rank, storage_options=storage_options, cache_dir=cache_dir,
+                                           prefetch_shards=prefetch_shards, prefetch_bytes=prefetch_bytes,
+                                           retry=retry)
 
     # ------------------------------------------------------------ epochs
 
@@ -249,12 +264,18 @@ class StreamingBatches(IterableDataset):
 
     def _generate(self, epoch: int, start: int, stride: int):
         reader = LocalReader()
+        # Remote shards: whole-shard downloads into a node-local cache, read by offset (remote_io.py).
+        info = get_worker_info()
+        remote = self.remote.reader(self.catalog, self.rank, info.id if info is not None else 0, stride, start)
         tables: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
         try:
-            for win in iter_windows(self.catalog.counts, self.catalog.lengths, self.config, epoch):
+            windows = iter_windows(self.catalog.counts, self.catalog.lengths, self.config, epoch)
+            for win, nxt in lookahead(windows, remote is not None):
                 lo, hi = win.first_step, win.first_step + win.num_steps
                 first = start if lo <= start else start + -(-(lo - start) // stride) * stride
                 steps = range(first, hi, stride)
+                if remote is not None:
+                    remote.enter(epoch, win, nxt)
                 if not steps:
                     continue  # planned from lengths only: no tar data read
                 batches = [win.plan.batch(s - lo, self.rank) for s in steps]
@@ -267,47 +288,21 @@ class StreamingBatches(IterableDataset):
                     if s not in tables:
                         tables[s] = self.catalog.table(s)
                 reader.keep_only(self.catalog.urls[s] for s in shards.tolist())
-                prefetched = self._prefetch(win, mine, tables)
                 for s, idx in zip(steps, batches):
-                    batch = [x for x in (self._sample(win, i, tables, reader, prefetched) for i in idx.tolist())
+                    batch = [x for x in (self._sample(win, i, tables, reader, remote) for i in idx.tolist())
                              if x is not None]
                     self._pos["step"] = s + stride
-                    self.bytes_read = reader.bytes_read + self._stream_bytes
+                    self.bytes_read = reader.bytes_read + (remote.bytes_read if remote is not None else 0)
                     yield self.collate_fn(batch) if self.collate_fn is not None else batch
-                prefetched.clear()
+            if remote is not None:
+                remote.leave()
         finally:
-            self.bytes_read = reader.bytes_read + self._stream_bytes
+            self.bytes_read = reader.bytes_read + (remote.bytes_read if remote is not None else 0)
             reader.close()
+            if remote is not None:
+                remote.close()
 
-    def _prefetch(self, win, mine: np.ndarray, tables) -> dict:
-        """Bytes of this process's samples in the window's non-local shards.
-
-        A stream cannot seek, so each such shard is read once from its start
-        to this process's last sample in it, and the samples are kept.
-        """
-        out: dict[tuple[int, int], Any] = {}
-        ids = win.shard_ids[mine]
-        for s in np.unique(ids).tolist():
-            url = self.catalog.urls[s]
-            if is_local(url):
-                continue
-            _, offsets, sizes = tables[s]
-            loc = win.local[mine[ids == s]]
-            regions = [(int(offsets[i]), int(sizes[i])) for i in loc.tolist()]
-            try:
-                got, consumed = read_stream_regions(url, regions)
-            except ShardError as exc:
-                if self.on_error == "raise":
-                    raise
-                got, consumed = {}, 0
-                for off, _ in regions:
-                    out[(s, off)] = exc
-            self._stream_bytes += consumed
-            for off, buf in got.items():
-                out[(s, off)] = buf
-        return out
-
-    def _sample(self, win, i: int, tables, reader: LocalReader, prefetched: dict):
+    def _sample(self, win, i: int, tables, reader: LocalReader, remote):
         shard = int(win.shard_ids[i])
         local = int(win.local[i])
         keys, offsets, sizes = tables[shard]
@@ -318,9 +313,7 @@ class StreamingBatches(IterableDataset):
             if is_local(url):
                 buf = reader.read(url, offset, size)
             else:
-                buf = prefetched[(shard, offset)]
-                if isinstance(buf, Exception):
-                    raise buf
+                buf = remote.read(shard, offset, size)
             sample = parse_sample(buf, url, offset, key)
             if self.decode is not None:
                 try:

@@ -165,6 +165,8 @@ _TRANSIENT_MODULES = ("aiohttp", "botocore", "aiobotocore", "urllib3", "requests
 
 def is_transient(exc: BaseException) -> bool:
     """Worth retrying: 5xx/408/429, connection resets, timeouts, short reads."""
+    if isinstance(exc, FileNotFoundError) and exc.__cause__ is not None:
+        return is_transient(exc.__cause__)  # fsspec's HTTP info() turns any failure (a 503 too) into this
     if isinstance(exc, (FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError,
                         ImportError, StaleShard)):
         return False
@@ -177,6 +179,14 @@ def is_transient(exc: BaseException) -> bool:
     if isinstance(exc, (OSError, TimeoutError, EOFError)):
         return True
     return type(exc).__module__.split(".")[0] in _TRANSIENT_MODULES
+
+
+def _describe(exc: BaseException) -> str:
+    """'Type: message', with the cause a backend wrapped (fsspec hides a 503 in a FileNotFoundError)."""
+    text = f"{type(exc).__name__}: {scrub(exc)}"
+    if exc.__cause__ is not None:
+        text += f" (from {type(exc.__cause__).__name__}: {scrub(exc.__cause__)})"
+    return text
 
 
 class IOStats:
@@ -380,15 +390,16 @@ class RemoteShard:
                 at = where()
                 if at > last:
                     fails, last = 0, at
+                why = _describe(exc)
                 if not is_transient(exc):
-                    raise ShardError(f"cannot {what} shard {self.name} at byte {at}: {scrub(exc)}") from None
+                    raise ShardError(f"cannot {what} shard {self.name} at byte {at}: {why}") from None
                 fails += 1
                 if fails > self.retry.retries:
                     raise ShardError(f"cannot {what} shard {self.name} at byte {at}: gave up after {fails} "
-                                     f"attempts ({type(exc).__name__}: {scrub(exc)})") from None
+                                     f"attempts ({why})") from None
                 delay = self.retry.delay(fails, self._rng)
-                log.warning("retrying shard %s at byte %d in %.2f s (attempt %d of %d): %s: %s", self.name, at,
-                            delay, fails, self.retry.retries, type(exc).__name__, scrub(exc))
+                log.warning("retrying shard %s at byte %d in %.2f s (attempt %d of %d): %s", self.name, at,
+                            delay, fails, self.retry.retries, why)
                 self.stats.add(retries=1)
                 time.sleep(delay)
 

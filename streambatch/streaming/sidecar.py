@@ -25,6 +25,7 @@ import numpy as np
 
 from .lengths import LengthSpec
 from .reader import is_local, local_path, url_basename
+from .remote import is_remote
 from .errors import ShardError
 
 SIDECAR_SUFFIX = ".idx.npz"
@@ -53,10 +54,16 @@ def _digest(arrays: dict[str, np.ndarray]) -> str:
 
 
 def sidecar_path(url: str, index_dir: str | None = None) -> str:
-    """Where the sidecar of ``url`` lives: next to a local shard, or in
-    ``index_dir`` under the shard's file name (required for remote shards)."""
+    """Where the sidecar of ``url`` lives: next to the shard (a local file or
+    an fsspec URL), or in ``index_dir`` (local or remote) under the shard's
+    file name (required for ``pipe:`` shards)."""
     if index_dir is not None:
-        return os.path.join(os.fspath(index_dir), url_basename(url) + SIDECAR_SUFFIX)
+        index_dir = os.fspath(index_dir)
+        if is_remote(index_dir):
+            return index_dir.rstrip("/") + "/" + url_basename(url) + SIDECAR_SUFFIX
+        return os.path.join(index_dir, url_basename(url) + SIDECAR_SUFFIX)
+    if is_remote(url):
+        return url.split("?", 1)[0] + SIDECAR_SUFFIX
     if not is_local(url):
         raise ValueError(
             f"shard {url!r} is not a local file, so its sidecar cannot sit next to it; pass index_dir= "
@@ -65,8 +72,13 @@ def sidecar_path(url: str, index_dir: str | None = None) -> str:
     return local_path(url) + SIDECAR_SUFFIX
 
 
-def shard_stat(url: str) -> dict[str, Any]:
-    """Identity of a local shard (size, mtime, fingerprint); {} for streams."""
+def shard_stat(url: str, storage_options: dict | None = None) -> dict[str, Any]:
+    """Identity of a shard: size, mtime, fingerprint (local files); size and
+    ETag (fsspec URLs, one metadata request); {} for pipes."""
+    if is_remote(url):
+        from .remote_index import remote_stat
+
+        return remote_stat(url, storage_options)
     if not is_local(url):
         return {}
     path = local_path(url)
@@ -77,11 +89,17 @@ def shard_stat(url: str) -> dict[str, Any]:
     return {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "fingerprint": shard_fingerprint(path, st.st_size)}
 
 
-def write_sidecar(path: str, url: str, arrays: dict[str, np.ndarray], spec: LengthSpec, stat: dict) -> dict:
-    """Write a sidecar atomically (temp file + rename), so concurrent indexers
-    of the same shard never leave a torn file. Returns its meta."""
+def write_sidecar(path: str, url: str, arrays: dict[str, np.ndarray], spec: LengthSpec, stat: dict,
+                  storage_options: dict | None = None) -> dict:
+    """Write a sidecar atomically (temp file + rename, or one object PUT), so
+    concurrent indexers of the same shard never leave a torn file. Returns its meta."""
     meta = {"format": FORMAT, "version": VERSION, "url": url, "samples": int(arrays["lengths"].size),
             "length_from": spec.describe(), "digest": _digest(arrays), **stat}
+    if is_remote(path):
+        from .remote_index import npz_bytes, write_bytes
+
+        write_bytes(path, npz_bytes(meta, arrays), storage_options)
+        return meta
     directory = os.path.dirname(os.path.abspath(path))
     os.makedirs(directory, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=directory, prefix=".tmp-", suffix=SIDECAR_SUFFIX)
@@ -103,16 +121,20 @@ def _umask() -> int:
     return mask
 
 
-def read_meta(path: str) -> dict:
-    with np.load(path) as z:
+def read_meta(path: str, storage_options: dict | None = None) -> dict:
+    from .remote_index import load_npz
+
+    with load_npz(path, storage_options) as z:
         meta = json.loads(z["meta"].tobytes().decode())
     if meta.get("format") != FORMAT or meta.get("version") != VERSION:
         raise ValueError(f"{path} is not a streambatch sidecar of version {VERSION}; re-index with `streambatch index --force`")
     return meta
 
 
-def read_arrays(path: str, names: tuple[str, ...]) -> tuple[np.ndarray, ...]:
-    with np.load(path) as z:
+def read_arrays(path: str, names: tuple[str, ...], storage_options: dict | None = None) -> tuple[np.ndarray, ...]:
+    from .remote_index import load_npz
+
+    with load_npz(path, storage_options) as z:
         return tuple(z[n] for n in names)
 
 
@@ -120,9 +142,16 @@ def staleness(url: str, meta: dict, stat: dict | None = None) -> str | None:
     """Why the sidecar no longer describes the shard, or None if it is current.
 
     Size must match; a changed mtime is forgiven when the head/tail
-    fingerprint matches (a copy). Streams cannot be checked here: a mismatch
-    shows up when a sample's key differs from the sidecar's.
+    fingerprint matches (a copy). Remote objects are checked against
+    ``stat`` (their current size and ETag) when it is given. Pipes cannot be
+    checked here: a mismatch shows up when a sample's key differs.
     """
+    if is_remote(url) and stat:
+        if stat.get("size") != meta.get("size"):
+            return f"the shard has {stat.get('size')} bytes, the sidecar was written for {meta.get('size')}"
+        if stat.get("etag") and meta.get("etag") and stat["etag"] != meta["etag"]:
+            return f"the shard's ETag is {stat['etag']}, the sidecar was written for {meta['etag']}"
+        return None
     if not is_local(url):
         return None
     path = local_path(url)
