@@ -48,11 +48,19 @@ _RUN_NAME = re.compile(r"^(?P<host>.+)-(?P<pid>\d+)-r(?P<rank>\d+)$")
 
 @dataclass(frozen=True)
 class ShardRef:
-    """A remote shard and what the index recorded about it (None: unknown)."""
+    """A remote shard (or the byte range [start, end) of one: a piece) and
+    what the index recorded about it (size of the whole object, ETag; None:
+    unknown)."""
 
     url: str
     size: int | None = None
     etag: str | None = None
+    start: int = 0
+    end: int | None = None
+
+    @property
+    def nbytes(self) -> int:
+        return (self.end if self.end is not None else (self.size or 0)) - self.start
 
 
 def default_cache_root() -> str:
@@ -111,21 +119,23 @@ class ShardCache:
         # takes this lock) inside _top_up, which holds it.
         self._lock = threading.RLock()
         self._queue: list[ShardRef] = []
-        self._futures: dict[str, Future] = {}
-        self._taken: set[str] = set()
-        self._failed: dict[str, ShardError] = {}
-        self._sizes: dict[str, int] = {}
+        self._futures: dict[ShardRef, Future] = {}
+        self._taken: set[ShardRef] = set()
+        self._failed: dict[ShardRef, ShardError] = {}
+        self._sizes: dict[ShardRef, int] = {}
         self._closed = False
 
     # ------------------------------------------------------------ paths
 
-    def key(self, url: str) -> str:
-        digest = hashlib.blake2b(url.encode("utf-8", "surrogateescape"), digest_size=8).hexdigest()
-        base = os.path.basename(url.split("?", 1)[0].rstrip("/"))[-48:] or "shard"
-        return f"{digest}-{base}"
+    def key(self, ref: ShardRef) -> str:
+        whole = ref.start == 0 and (ref.end is None or ref.end == ref.size)
+        name = ref.url if whole else f"{ref.url}#{ref.start}-{ref.end}"
+        digest = hashlib.blake2b(name.encode("utf-8", "surrogateescape"), digest_size=8).hexdigest()
+        base = os.path.basename(ref.url.split("?", 1)[0].rstrip("/"))[-48:] or "shard"
+        return f"{digest}-{base}" if whole else f"{digest}-{base}-{ref.start}"
 
-    def path(self, url: str) -> str:
-        return os.path.join(self.directory, self.key(url) + ".data")
+    def path(self, ref: ShardRef) -> str:
+        return os.path.join(self.directory, self.key(ref) + ".data")
 
     # ------------------------------------------------------------ fetching
 
@@ -136,11 +146,11 @@ class ShardCache:
         downloading it. Raises ShardError when the download fails (or failed
         in the process we waited for).
         """
-        path = self.path(ref.url)
+        path = self.path(ref)
         if os.path.exists(path):
             return path
         os.makedirs(self.directory, exist_ok=True)
-        base = os.path.join(self.directory, self.key(ref.url))
+        base = os.path.join(self.directory, self.key(ref))
         waited_from = time.time()
         fd = os.open(base + ".lock", os.O_CREAT | os.O_RDWR, 0o644)
         try:
@@ -161,18 +171,18 @@ class ShardCache:
             os.close(fd)  # releases the lock
 
     def _download(self, ref: ShardRef, path: str, base: str) -> None:
-        if ref.size is not None:
+        if ref.nbytes > 0:
             free = shutil.disk_usage(self.directory).free
-            if free < ref.size:
+            if free < ref.nbytes:
                 raise ShardError(f"the shard cache {self.directory} has {free} bytes free, shard "
-                                 f"{scrub_url(ref.url)} needs {ref.size}; pass cache_dir= on a larger disk "
+                                 f"{scrub_url(ref.url)} needs {ref.nbytes}; pass cache_dir= on a larger disk "
                                  "or lower prefetch_shards")
         shard = RemoteShard(ref.url, self.storage_options, size=ref.size, etag=ref.etag, retry=self.retry,
                             stats=self.stats)
         fd, tmp = tempfile.mkstemp(dir=self.directory, prefix=".tmp-", suffix=".data")
         try:
             with os.fdopen(fd, "wb") as out:
-                shard.download(out)
+                shard.download(out, ref.start, ref.end)
             os.replace(tmp, path)
         except ShardError as exc:
             _write_text(base + ".err", str(exc))
@@ -190,7 +200,7 @@ class ShardCache:
         them (the rest of this window, then the next). Replaces the previous
         queue and starts background downloads within the prefetch bound."""
         with self._lock:
-            self._queue = [r for r in refs if r.url not in self._taken]
+            self._queue = [r for r in refs if r not in self._taken]
             self._top_up()
 
     def _top_up(self) -> None:
@@ -200,16 +210,16 @@ class ShardCache:
         for ref in self._queue:
             if len(ahead) >= self.prefetch_shards or self._closed:
                 break
-            if ref.url in self._futures or ref.url in self._taken:
+            if ref in self._futures or ref in self._taken:
                 continue
-            if self.prefetch_bytes is not None and ahead and nbytes + (ref.size or 0) > self.prefetch_bytes:
+            if self.prefetch_bytes is not None and ahead and nbytes + ref.nbytes > self.prefetch_bytes:
                 break
             fut = self._pool.submit(self._background, ref)
             fut.add_done_callback(lambda _f: self._after())
-            self._futures[ref.url] = fut
-            self._sizes[ref.url] = ref.size or 0
-            ahead.append(ref.url)
-            nbytes += ref.size or 0
+            self._futures[ref] = fut
+            self._sizes[ref] = ref.nbytes
+            ahead.append(ref)
+            nbytes += ref.nbytes
 
     def _after(self) -> None:
         with self._lock:
@@ -226,12 +236,11 @@ class ShardCache:
     def get(self, ref: ShardRef) -> str:
         """Path of the whole shard in the cache, waiting for (or doing) its
         download; raises ShardError (again, for every sample of a failed shard)."""
-        url = ref.url
-        if url in self._failed:
-            raise self._failed[url]
+        if ref in self._failed:
+            raise self._failed[ref]
         with self._lock:
-            self._taken.add(url)
-            fut = self._futures.get(url)
+            self._taken.add(ref)
+            fut = self._futures.get(ref)
             self._top_up()
         result = fut.result() if fut is not None else None
         try:
@@ -239,18 +248,18 @@ class ShardCache:
                 raise result
             return result if isinstance(result, str) and os.path.exists(result) else self.fetch(ref)
         except ShardError as exc:
-            self._failed[url] = exc
+            self._failed[ref] = exc
             raise
 
     def release(self, ref: ShardRef, tag: str, consumers: int) -> None:
         """This process is done with ``ref`` for the window ``tag``; the last
         of its ``consumers`` deletes the file."""
         with self._lock:
-            self._taken.discard(ref.url)
-            self._futures.pop(ref.url, None)
-            self._sizes.pop(ref.url, None)
-        self._failed.pop(ref.url, None)
-        base = os.path.join(self.directory, self.key(ref.url))
+            self._taken.discard(ref)
+            self._futures.pop(ref, None)
+            self._sizes.pop(ref, None)
+        self._failed.pop(ref, None)
+        base = os.path.join(self.directory, self.key(ref))
         done = f"{base}.{tag}.done"
         try:
             fd = os.open(done, os.O_CREAT | os.O_WRONLY | os.O_APPEND, 0o644)

@@ -286,7 +286,8 @@ class StreamingBatches(IterableDataset):
                     del tables[s]
                 for s in shards.tolist():
                     if s not in tables:
-                        tables[s] = self.catalog.table(s)
+                        remote_shard = remote is not None and not is_local(self.catalog.urls[s])
+                        tables[s] = remote.shard_table(s) if remote_shard else self.catalog.table(s)
                 reader.keep_only(self.catalog.urls[s] for s in shards.tolist())
                 for s, idx in zip(steps, batches):
                     batch = [x for x in (self._sample(win, i, tables, reader, remote) for i in idx.tolist())

@@ -264,14 +264,20 @@ class _HTTPBody:
         self.r.close()
 
 
-async def _http_get(fs, url: str, offset: int, timeout: float):
+def _range(offset: int, end: int | None) -> str | None:
+    if end is not None:
+        return f"bytes={offset}-{end - 1}"
+    return f"bytes={offset}-" if offset else None
+
+
+async def _http_get(fs, url: str, offset: int, end: int | None, timeout: float):
     import aiohttp
 
     session = await fs.set_session()
     kw = dict(fs.kwargs)
     headers = dict(kw.pop("headers", None) or {})
-    if offset:
-        headers["Range"] = f"bytes={offset}-"
+    if _range(offset, end):
+        headers["Range"] = _range(offset, end)
     kw["timeout"] = aiohttp.ClientTimeout(total=None, sock_connect=timeout, sock_read=timeout)
     r = await session.get(fs.encode_url(url), headers=headers, **kw)
     if r.status >= 400:
@@ -287,9 +293,9 @@ async def _http_get(fs, url: str, offset: int, timeout: float):
     return _HTTPBody(r, skip), total, normalize_etag(r.headers.get("ETag"))
 
 
-async def _s3_get(fs, path: str, offset: int):
+async def _s3_get(fs, path: str, offset: int, end: int | None):
     bucket, key, version = fs.split_path(path)
-    kw = {"Range": f"bytes={offset}-"} if offset else {}
+    kw = {"Range": _range(offset, end)} if _range(offset, end) else {}
     if version:
         kw["VersionId"] = version
     r = await fs._call_s3("get_object", Bucket=bucket, Key=key, **kw)
@@ -421,8 +427,9 @@ class RemoteShard:
 
         return self._with_retries("read", get, lambda: start)
 
-    def open_at(self, offset: int) -> _Stream:
-        """One GET of the object from ``offset`` to its end (no retries here)."""
+    def open_at(self, offset: int, end: int | None = None) -> _Stream:
+        """One GET of bytes [offset, end) of the object (end None: to its
+        end); the stream may run past ``end`` (no retries here)."""
         if protocol(self.url) == "pipe":
             self.stats.add(requests=1)
             return _PipeStream(self.url, offset)
@@ -430,37 +437,42 @@ class RemoteShard:
         kind = type(fs).__module__
         self.stats.add(requests=1)
         if kind.startswith("fsspec.implementations.http"):
-            return _AsyncStream(fs, _http_get, fs, path, offset, self.retry.timeout)
+            return _AsyncStream(fs, _http_get, fs, path, offset, end, self.retry.timeout)
         if kind.startswith("s3fs"):
-            return _AsyncStream(fs, _s3_get, fs, path, offset)
+            return _AsyncStream(fs, _s3_get, fs, path, offset, end)
         self.stats.add(requests=-1)  # counted per chunk below
-        return _ChunkedStream(fs, path, offset, self.size, self.chunk_bytes, self.stats)
+        stop = end if end is not None else self.size
+        return _ChunkedStream(fs, path, offset, stop, self.chunk_bytes, self.stats)
 
-    def download(self, out) -> int:
-        """Write the whole object to the binary file ``out``, resuming after
-        transient faults from the byte reached; returns its size."""
-        state = {"pos": 0, "total": self.size}
+    def download(self, out, start: int = 0, end: int | None = None) -> int:
+        """Write bytes [start, end) of the object (end None: to its end) to
+        the binary file ``out`` in one GET, resuming after transient faults
+        from the byte reached; returns the number of bytes written."""
+        state = {"pos": start, "stop": end if end is not None else self.size, "total": self.size}
 
         def attempt():
-            stream = self.open_at(state["pos"])
+            stream = self.open_at(state["pos"], end)
             try:
                 self._check_identity(stream)
                 if stream.total is not None:
                     state["total"] = stream.total
-                while True:
-                    chunk = stream.read(READ_CHUNK)
+                    if state["stop"] is None:
+                        state["stop"] = stream.total
+                while state["stop"] is None or state["pos"] < state["stop"]:
+                    want = READ_CHUNK if state["stop"] is None else min(READ_CHUNK, state["stop"] - state["pos"])
+                    chunk = stream.read(want)
                     if not chunk:
                         break
                     out.write(chunk)
                     state["pos"] += len(chunk)
                     self.stats.add(nbytes=len(chunk))
-                    if state["total"] is not None and state["pos"] > state["total"]:
-                        raise StaleShard(f"it has more than the {state['total']} bytes recorded")
+                if end is None and state["total"] is not None and stream.read(1):
+                    raise StaleShard(f"it has more than the {state['total']} bytes recorded")
             finally:
                 stream.close()
-            if state["total"] is not None and state["pos"] < state["total"]:
-                raise ShortRead(f"the response ended at byte {state['pos']} of {state['total']}")
-            return state["pos"]
+            if state["stop"] is not None and state["pos"] < state["stop"]:
+                raise ShortRead(f"the response ended at byte {state['pos']} of {state['stop']}")
+            return state["pos"] - start
 
         return self._with_retries("read", attempt, lambda: state["pos"])
 

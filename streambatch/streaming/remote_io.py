@@ -104,7 +104,8 @@ class RemoteIO:
             size = int(sizes[s]) if sizes is not None and sizes[s] >= 0 else None
             return ShardRef(catalog.urls[s], size, etags[s] if etags is not None and etags[s] else None)
 
-        return RemoteWindowReader(cache, ref, rank, worker, stride, start)
+        remote = [not is_local(u) for u in catalog.urls]
+        return RemoteWindowReader(cache, ref, catalog.table, remote.__getitem__, rank, worker, stride, start)
 
     def __repr__(self) -> str:
         return (f"RemoteIO(cache={self.directory!r}, storage_options={scrub_options(self.storage_options)!r}, "
