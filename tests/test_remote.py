@@ -175,3 +175,51 @@ def test_pipe_shard_failure_raises_or_skips_with_equal_steps(corpus, tmp_path):
     assert len(batches) == len(ok) and skip.num_skipped == SIZES[3]
     assert sum(map(len, batches)) == sum(SIZES) - SIZES[3]
     assert np.all([not k.startswith("x") for b in batches for k in b])
+
+
+# ---------------------------------------------------------------- catalog, parts, command line
+
+
+def test_parts_merge_into_the_catalog_and_reruns_skip_current_sidecars(tmp_path):
+    from streambatch.streaming.catalog_file import read_catalog
+    from streambatch.streaming.indexer import merge_catalog
+
+    brace, paths, expected = write_corpus(tmp_path / "d", SIZES, seed=9)
+    one = str(tmp_path / "one.catalog.npz")
+    index_shards(brace, frames_per_second=FPS, workers=1, progress=False, catalog=one)
+    parted = str(tmp_path / "parted.catalog.npz")
+    for i in range(3):
+        s = index_shards(brace, frames_per_second=FPS, workers=1, progress=False, part=f"{i}/3", catalog=parted)
+        assert s.shards == len(range(i, len(SIZES), 3)) and s.indexed == 0  # sidecars already current
+    with pytest.raises(FileNotFoundError, match="part"):
+        merge_catalog(brace, 4, catalog=parted)
+    merge_catalog(brace, 3, catalog=parted)
+    a, b = read_catalog(one), read_catalog(parted)
+    assert a["urls"] == b["urls"] == paths and a["digests"] == b["digests"]
+    assert np.array_equal(a["counts"], b["counts"]) and np.array_equal(a["lengths"], b["lengths"])
+    ds_a = StreamingBatches(parted, BUDGET, CAP, window_samples=40, world_size=2, rank=1)
+    ds_b = StreamingBatches(brace, BUDGET, CAP, window_samples=40, world_size=2, rank=1)
+    assert ds_a.fingerprint == ds_b.fingerprint and keys(ds_a) == keys(ds_b)
+    with pytest.raises(ValueError, match="part must look like I/N"):
+        index_shards(brace, part="1:3")
+    with pytest.raises(ValueError, match="out of range"):
+        index_shards(brace, part=(3, 3))
+
+
+def test_cli_storage_options_parts_and_merge(tmp_path, capsys):
+    from streambatch.cli.index import storage_options
+    from streambatch.cli.main import main
+
+    assert storage_options(["anon=true", "client_kwargs.endpoint_url=http://h:9", "key=abc", "n=3"]) == {
+        "anon": True, "client_kwargs": {"endpoint_url": "http://h:9"}, "key": "abc", "n": 3}
+    with pytest.raises(ValueError, match="KEY=VALUE"):
+        storage_options(["anon"])
+    brace, _, _ = write_corpus(tmp_path / "d", SIZES[:4], seed=2)
+    cat = str(tmp_path / "x.catalog.npz")
+    for i in range(2):
+        assert main(["index", brace, "--fps", str(FPS), "--workers", "1", "--no-progress", "--part", f"{i}/2",
+                     "--catalog", cat]) == 0
+    assert "--merge 2" in capsys.readouterr().out
+    assert main(["index", brace, "--merge", "2", "--catalog", cat]) == 0
+    assert f"catalog of 4 shards, {sum(SIZES[:4])} samples" in capsys.readouterr().out
+    assert len(StreamingBatches(cat, BUDGET, CAP)) > 0

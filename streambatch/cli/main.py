@@ -188,16 +188,31 @@ def build_parser() -> argparse.ArgumentParser:
         "`streambatch plan` read them.\n\n"
         "examples:\n"
         "  streambatch index 'data/train-{000000..000999}.tar' --frames-per-second 50\n"
-        "  streambatch index data/*.tar --length-from audio --frames-per-second 100"))
+        "  streambatch index data/*.tar --length-from audio --frames-per-second 100\n"
+        "  streambatch index 's3://bucket/train-{000000..000999}.tar' --fps 50 -s endpoint_url=http://minio:9000\n"
+        "  streambatch index 'hf://datasets/org/name/train-{0000..0099}.tar' --fps 50 --index-dir idx/\n"
+        "  streambatch index SHARDS --part 3/16 ... ; then: streambatch index SHARDS --merge 16"))
     ix.add_argument("shards", nargs="+", metavar="SHARD", help="shard paths, brace patterns, URLs or directories of .tar shards")
     ix.add_argument("--length-from", default="json:duration", metavar="SOURCE",
                     help="json:FIELD (a field of the .json member), audio (header of the first audio member) "
                          "or audio:SUFFIX")
     ix.add_argument("--frames-per-second", "--fps", type=_positive_float, metavar="FPS",
                     help="the value is seconds: length = ceil(seconds x this)")
-    ix.add_argument("--index-dir", metavar="DIR", help="write sidecars here (required for remote shards; default: next to each shard)")
-    ix.add_argument("--workers", type=_whole(1), metavar="N", help="processes scanning shards (default: CPU count)")
+    ix.add_argument("--index-dir", metavar="DIR", help="write sidecars here, a local directory or a URL (default: "
+                    "next to each shard, through fsspec for s3://, gs://, hf://; required for pipe: and plain http)")
+    ix.add_argument("--workers", type=_whole(1), metavar="N",
+                    help="shards scanned at once (default: CPU count of processes; remote shards: 16 threads)")
     ix.add_argument("--force", action="store_true", help="re-index shards whose sidecar is current")
+    ix.add_argument("--storage-option", "-s", action="append", default=[], metavar="KEY=VALUE",
+                    help="fsspec option for remote shards, repeatable (e.g. endpoint_url=http://host:9000, "
+                         "anon=true); credentials come from the environment as usual, never from logs")
+    ix.add_argument("--catalog", metavar="PATH", help="the catalog file to write (default: <index-dir or the "
+                    "first shard's directory>/streambatch.catalog.npz)")
+    ix.add_argument("--no-catalog", action="store_true", help="write sidecars only")
+    ix.add_argument("--part", metavar="I/N", help="index only part I of N (shard k with k %% N == I) and write "
+                    "catalog part I; under torchrun RANK/WORLD_SIZE split the work without this")
+    ix.add_argument("--merge", type=_whole(1), metavar="N", help="merge the N catalog parts into the catalog "
+                    "(after every --part run finished)")
     ix.add_argument("--no-progress", action="store_true", help="no progress bar")
     ix.set_defaults(run=("index", "run_index"))
     return p
