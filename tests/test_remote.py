@@ -141,9 +141,9 @@ def test_pipe_shards_stream_like_local_files(corpus, tmp_path, workers):
     world = 2
     got, want = [], []
     for r in range(world):
-        local = StreamingBatches(brace, BUDGET, CAP, window_samples=40, rank=r, world_size=world)
+        local = StreamingBatches(brace, BUDGET, CAP, window_samples=40, rank=r, world_size=world, read_mode="shard")
         remote = StreamingBatches(pipes, BUDGET, CAP, window_samples=40, rank=r, world_size=world, index_dir=idx,
-                                  cache_dir=str(tmp_path), prefetch_shards=2)
+                                  cache_dir=str(tmp_path), prefetch_shards=2)  # pipe: -> shard mode by default
         assert len(local) == len(remote)
         want.append(keys(local))
         loader = DataLoader(remote, batch_size=None, num_workers=workers)

@@ -57,10 +57,12 @@ def keys(batches):
     return [[s["__key__"] for s in b] for b in batches]
 
 
-def local_epochs(corpus, world, epoch=0):
+def local_epochs(corpus, world, epoch=0, read_mode="shard"):
+    """The batches of local files in the read mode remote URLs get by default."""
     out = []
     for r in range(world):
-        ds = StreamingBatches(corpus[1], BUDGET, CAP, window_samples=WINDOW, rank=r, world_size=world)
+        ds = StreamingBatches(corpus[1], BUDGET, CAP, window_samples=WINDOW, rank=r, world_size=world,
+                              read_mode=read_mode)
         ds.set_epoch(epoch)
         out.append(keys(ds))
     return out
@@ -145,20 +147,25 @@ def http_index(corpus, nginx, tmp_path_factory):
 
 
 @pytest.mark.parametrize("workers", [0, 2])
-def test_http_streaming_matches_local_and_reads_each_shard_once_per_rank(corpus, nginx, http_index, tmp_path,
-                                                                         workers):
+@pytest.mark.parametrize("read_mode", ["shard", "sample"])
+def test_http_streaming_matches_local_and_reads_each_byte_once(corpus, nginx, http_index, tmp_path, workers,
+                                                               read_mode):
     urls, idx = http_index
-    world = 2
+    world = 3
     nginx.clear_log()
     got = []
     for r in range(world):
         ds = StreamingBatches(f"{idx}/streambatch.catalog.npz", BUDGET, CAP, window_samples=WINDOW, rank=r,
-                              world_size=world, cache_dir=str(tmp_path), prefetch_shards=2)
+                              world_size=world, cache_dir=str(tmp_path), prefetch_shards=2, read_mode=read_mode)
         got.append(keys(DataLoader(ds, batch_size=None, num_workers=workers)))
-    assert got == local_epochs(corpus, world)
+    assert got == local_epochs(corpus, world, read_mode=read_mode)
+    log = [e for e in nginx.log() if e.method == "GET" and e.path.endswith(".tar")]
     gets = tar_gets(nginx.log())
-    # the global plan: each rank downloads the shards of its windows once, whatever num_workers is
-    assert max(gets.values()) <= world and sum(gets.values()) <= world * len(SIZES)
+    total = sum(os.path.getsize(p) for p in corpus[2])
+    if read_mode == "shard":  # each byte crosses the network once per epoch across the job, in few GETs
+        assert sum(e.body_bytes for e in log) <= 1.05 * total and len(log) <= 2 * sum(1 for n in SIZES if n)
+    else:  # the global plan: each rank downloads what it reads of a shard once, whatever num_workers is
+        assert max(gets.values()) <= world and sum(e.body_bytes for e in log) <= world * total
     assert not [f for _, _, fs in os.walk(tmp_path) for f in fs if f.endswith(".data")]  # evicted
 
 

@@ -18,6 +18,7 @@ from shards import FPS, SAMPLE_RATE, write_corpus
 from streambatch.streaming import ShardError, StreamingBatches, collate_audio, index_shards, sidecar_path
 from streambatch.streaming.lengths import length_spec
 from streambatch.streaming.sidecar import read_arrays, shard_stat, write_sidecar
+from streambatch.planners import PLANNERS
 
 SIZES = [37, 23, 41, 0, 29, 35, 18, 44, 31, 26, 39, 22]
 BUDGET, CAP = 400, 12
@@ -51,7 +52,7 @@ def run_ranks(corpus, world, epoch=0, **kw):
 
 @pytest.mark.parametrize("world", [1, 2, 3, 4])
 @pytest.mark.parametrize("drop_last", [False, True])
-@pytest.mark.parametrize("planner", ["greedy", "bucketed"])
+@pytest.mark.parametrize("planner", sorted(PLANNERS))
 def test_exactly_once_equal_steps_and_budget(corpus, world, drop_last, planner):
     expected = corpus[2]
     ds = make(corpus, rank=0, world_size=world, drop_last=drop_last, planner=planner)

@@ -159,7 +159,7 @@ def test_pipe_urls_need_index_dir_and_stream(corpus, tmp_path):
         assert all(np.array_equal(x, y) for x, y in zip(a, b))
     with pytest.raises(FileNotFoundError, match="not local files"):
         StreamingBatches(pipes, 400, 8, index_dir=str(tmp_path / "nowhere"))
-    remote = StreamingBatches(pipes, 400, 8, index_dir=idx, world_size=2, rank=1)
+    remote = StreamingBatches(pipes, 400, 8, index_dir=idx, world_size=2, rank=1, read_mode="sample")
     local = StreamingBatches(paths, 400, 8, index_dir=local_idx, world_size=2, rank=1)
     got = [[(s["__key__"], s["json"]) for s in b] for b in remote]
     want = [[(s["__key__"], s["json"]) for s in b] for b in local]

@@ -21,6 +21,9 @@ import numpy as np
 
 from . import benchmark
 from ..planners import make_plan
+from typing import Any
+
+from .args import Formatter, whole
 
 
 class Progress:
@@ -135,3 +138,28 @@ def _short(v: float) -> str:
             x = v / div
             return f"{x:.1f}{unit}" if x < 10 and x != int(x) else f"{x:.0f}{unit}"
     return f"{v:.0f}"
+
+
+def add_parser(sub: Any, planners: list[str]) -> None:
+    b = sub.add_parser("bench", formatter_class=Formatter, help="planning speed at scale",
+                       description=(
+        "Planning speed on audio-like lengths (log-normal 0.5-30 s at 50 frames/s, budget 16,000\n"
+        "frames, cap 64): every planner over a grid of N and W, warm, one process: time, samples/s,\n"
+        "peak planning memory. Then the pure-Python seed algorithm, O(N x W^2), at a size it\n"
+        "finishes. Tables are markdown; progress goes to stderr.\n\n"
+        "example (Emilia scale, several minutes):\n"
+        "  streambatch bench --sizes 1e6 1e7 4e7 --worlds 8 64 512 --plot bench.png"))
+    b.add_argument("-n", "--sizes", type=whole(1), nargs="+", default=[100_000, 1_000_000], metavar="N",
+                   help="numbers of samples (1e6 and 4e7 work)")
+    b.add_argument("-w", "--worlds", type=whole(1), nargs="+", default=[8, 64], metavar="W", help="world sizes")
+    b.add_argument("--planners", nargs="+", choices=planners, default=planners, metavar="P",
+                   help=f"planners to time (default: all: {' '.join(planners)})")
+    b.add_argument("--repeats", type=whole(1), metavar="R", help="timed runs per cell, best kept (default: 3, 1 from N >= 1e7)")
+    b.add_argument("--seed-n", type=whole(0), default=20_000, metavar="N",
+                   help="samples for the pure-Python seed comparison (0 skips it)")
+    b.add_argument("--seed-worlds", type=whole(1), nargs="+", default=[8], metavar="W",
+                   help="world sizes for the seed comparison (its time grows as W^2: W=64 at 20,000 takes ~1 min)")
+    b.add_argument("--compile-times", action="store_true",
+                   help="also time Numba compilation in fresh processes (cold and warm cache; ~1 min)")
+    b.add_argument("--plot", metavar="FILE.png", help="also draw throughput against N and W (needs matplotlib)")
+    b.set_defaults(run=("bench", "run_bench"))

@@ -7,6 +7,9 @@ import json
 import os
 import sys
 
+from typing import Any
+
+from .args import Formatter, positive_float, whole
 from .plan import shard_list
 from .report import audio_time
 
@@ -96,3 +99,40 @@ def _merge_under_torchrun(shards, part, args, options) -> None:
     finally:
         if own:
             dist.destroy_process_group()
+
+
+def add_parser(sub: Any) -> None:
+    ix = sub.add_parser("index", formatter_class=Formatter, help="write sidecar indexes of WebDataset shards",
+                        description=(
+        "Write a sidecar index (<shard>.idx.npz: keys, lengths, byte offsets) for every shard that\n"
+        "lacks a current one, in parallel, without decoding audio. StreamingBatches and\n"
+        "`streambatch plan` read them.\n\n"
+        "examples:\n"
+        "  streambatch index 'data/train-{000000..000999}.tar' --frames-per-second 50\n"
+        "  streambatch index data/*.tar --length-from audio --frames-per-second 100\n"
+        "  streambatch index 's3://bucket/train-{000000..000999}.tar' --fps 50 -s endpoint_url=http://minio:9000\n"
+        "  streambatch index 'hf://datasets/org/name/train-{0000..0099}.tar' --fps 50 --index-dir idx/\n"
+        "  streambatch index SHARDS --part 3/16 ... ; then: streambatch index SHARDS --merge 16"))
+    ix.add_argument("shards", nargs="+", metavar="SHARD", help="shard paths, brace patterns, URLs or directories of .tar shards")
+    ix.add_argument("--length-from", default="json:duration", metavar="SOURCE",
+                    help="json:FIELD (a field of the .json member), audio (header of the first audio member) "
+                         "or audio:SUFFIX")
+    ix.add_argument("--frames-per-second", "--fps", type=positive_float, metavar="FPS",
+                    help="the value is seconds: length = ceil(seconds x this)")
+    ix.add_argument("--index-dir", metavar="DIR", help="write sidecars here, a local directory or a URL (default: "
+                    "next to each shard, through fsspec for s3://, gs://, hf://; required for pipe: and plain http)")
+    ix.add_argument("--workers", type=whole(1), metavar="N",
+                    help="shards scanned at once (default: CPU count of processes; remote shards: 16 threads)")
+    ix.add_argument("--force", action="store_true", help="re-index shards whose sidecar is current")
+    ix.add_argument("--storage-option", "-s", action="append", default=[], metavar="KEY=VALUE",
+                    help="fsspec option for remote shards, repeatable (e.g. endpoint_url=http://host:9000, "
+                         "anon=true); credentials come from the environment as usual, never from logs")
+    ix.add_argument("--catalog", metavar="PATH", help="the catalog file to write (default: <index-dir or the "
+                    "first shard's directory>/streambatch.catalog.npz)")
+    ix.add_argument("--no-catalog", action="store_true", help="write sidecars only")
+    ix.add_argument("--part", metavar="I/N", help="index only part I of N (shard k with k %% N == I) and write "
+                    "catalog part I; under torchrun RANK/WORLD_SIZE split the work without this")
+    ix.add_argument("--merge", type=whole(1), metavar="N", help="merge the N catalog parts into the catalog "
+                    "(after every --part run finished)")
+    ix.add_argument("--no-progress", action="store_true", help="no progress bar")
+    ix.set_defaults(run=("index", "run_index"))

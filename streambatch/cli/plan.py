@@ -17,6 +17,9 @@ import time
 import numpy as np
 
 from .report import audio_time
+from typing import Any
+
+from .args import Formatter, add_plan_args, positive_float, whole
 
 
 _BRACES = re.compile(r"\{\d+\.\.\d+\}")
@@ -132,3 +135,37 @@ def _length_summary(lengths: np.ndarray, fps: float | None) -> str:
     if fps:
         text += f" = {audio_time(lengths.sum() / fps)}"
     return text
+
+
+def add_parser(sub: Any, planners: list[str], seed_exact: str) -> None:
+    pl = sub.add_parser("plan", formatter_class=Formatter, help="plan an epoch of your lengths and report its quality",
+                        description=(
+        "Plan one epoch of your lengths and report its quality: steps, padding and balance\n"
+        "efficiency, budget use, and histograms of batch sizes and lengths.\n\n"
+        "INPUT is any of (several are concatenated in order; gzip'd files work too):\n"
+        "  lengths.npy          a 1-D array of lengths\n"
+        "  lengths.txt          one length per line\n"
+        "  cuts.jsonl.gz        JSON lines with a duration field (lhotse cuts: duration;\n"
+        "                       VoxCPM-style: duration or audio_duration; others: --field)\n"
+        "  'train-{000000..000099}.tar', a shard directory, or *.tar\n"
+        "                       indexed WebDataset shards (see `streambatch index`)\n\n"
+        "Lengths are in the units of --max-batch-tokens (frames, tokens); durations in seconds\n"
+        "need --frames-per-second.\n\n"
+        "example:\n"
+        "  streambatch plan cuts.jsonl.gz --frames-per-second 50 --max-batch-tokens 16000 \\\n"
+        "      --world-size 8 --plot plan.png"))
+    pl.add_argument("inputs", nargs="+", metavar="INPUT", help="lengths file(s), manifest(s) or indexed shards")
+    add_plan_args(pl, planners, tokens=None, world=1, planner=seed_exact, seed=42,
+                  tokens_help="token budget per batch: batch size x longest length <= this",
+                  world_help="ranks (one batch each per step)")
+    pl.add_argument("--epoch", type=whole(0), default=0, metavar="E", help="epoch to plan")
+    pl.add_argument("--drop-last", action="store_true", help="drop a partial final step instead of padding it")
+    pl.add_argument("--no-shuffle", action="store_true", help="plan without shuffling")
+    pl.add_argument("--field", metavar="NAME", help="JSON field with each sample's length or duration, dots for "
+                    "nesting, e.g. supervisions.0.duration (default: duration, else audio_duration)")
+    pl.add_argument("--frames-per-second", "--fps", type=positive_float, metavar="FPS",
+                    help="values are seconds: length = ceil(seconds x this) (e.g. 50 or 100)")
+    pl.add_argument("--index-dir", metavar="DIR", help="where the shards' sidecars are, if not next to the shards")
+    pl.add_argument("--plot", metavar="FILE.png", help="also write a figure (needs matplotlib)")
+    pl.add_argument("--json", action="store_true", help="print the metrics as one JSON object instead")
+    pl.set_defaults(run=("plan", "run_plan"))

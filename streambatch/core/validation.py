@@ -133,20 +133,3 @@ def check_world(rank: Any, world_size: Any) -> tuple[int, int]:
     if rank >= world_size:
         raise ValueError(f"rank must be in [0, world_size) = [0, {world_size}), got {rank}")
     return rank, world_size
-
-
-def check_cost_range(lengths: np.ndarray, world_size: int, max_tokens: int, max_size: int) -> None:
-    """Refuse inputs whose B * L**2 costs summed over a step could overflow int64."""
-    if lengths.size == 0:
-        return
-    lmax = int(lengths.max())
-    max_size = min(max_size, lengths.size)  # a cap above N never binds
-    # Feasible multi-sample batches hold <= budget tokens; a lone sample may exceed it.
-    tokens = min(max_tokens, max_size * lmax)
-    bound = world_size * lmax * max(lmax, tokens) + (max_size + 1) * lmax
-    if bound > INT64_MAX // 4:
-        raise ValueError(
-            f"lengths up to {lmax} with max_batch_tokens={max_tokens}, max_batch_size={max_size} and "
-            f"world_size={world_size} give step costs (count x max_len**2) up to ~{bound:.3g}, beyond int64; "
-            "express lengths in coarser units (e.g. frames instead of audio samples)"
-        )

@@ -127,6 +127,13 @@ def read_catalog(path: str, storage_options: dict | None = None) -> dict[str, An
     return out
 
 
+def catalog_urls(path: str, storage_options: dict | None = None) -> list[str]:
+    """The shard URLs a catalog lists (reads only its ``urls`` and ``meta``)."""
+    with load_npz(os.fspath(path), storage_options) as z:
+        n = int(json.loads(z["meta"].tobytes().decode())["shards"])
+        return _untext(z["urls"], n)
+
+
 def merge_parts(path: str, parts: int, storage_options: dict | None = None) -> dict[str, Any]:
     """Merge ``part-*-of-parts`` files into the catalog at ``path``; shards
     keep the order of the original list (parts interleave: shard k is in

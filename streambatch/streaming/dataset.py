@@ -20,10 +20,12 @@ from .audio import decode_audio
 from .catalog import Catalog, open_catalog
 from .errors import ShardError
 from .reader import LocalReader, expand_urls, is_local
+from .catalog_file import catalog_urls, is_catalog
 from .remote import RetryPolicy
 from .remote_io import RemoteIO, check_identity, lookahead
 from .tar import parse_sample
-from .window import EpochSummary, WindowConfig, iter_windows, summarize
+from .affinity import warm_up as warm_up_affine
+from .window import EpochSummary, WindowConfig, check_read_mode, default_window, iter_windows, summarize
 
 log = logging.getLogger("streambatch.streaming")
 
@@ -57,8 +59,18 @@ class StreamingBatches(IterableDataset):
     window_samples: samples per planning window (consecutive shards are
         grouped until they hold this many). Larger windows shuffle more widely
         and balance better; memory is one window's sidecar arrays (~50 bytes
-        per sample) per process. The default balances steps at >= 0.95 for
-        audio-like lengths.
+        per sample) per process. The default (None: 20,000; in shard mode
+        max(20,000, 2,500 x W)) balances steps at >= 0.95 for audio-like
+        lengths.
+    read_mode: ``"sample"`` (each window planned across all ranks; a rank
+        reads its own samples by offset: for local files, where seeks are
+        free), ``"shard"`` (each rank trains on a contiguous piece of the
+        window's shards, which it alone streams: each byte crosses the
+        network once per epoch across the job; see ``affinity.py``) or None
+        (the default): ``"sample"`` when every URL is a local file,
+        ``"shard"`` otherwise. Shard mode plans with its own walk: ``planner``
+        is not used there, and ``planner_options`` are the bucketed
+        planner's (``cost``, ``max_step_cost``).
     rank, world_size: default to ``torch.distributed`` when initialised, else 0/1.
     length_from, frames_per_second: how lengths are computed when indexing on
         the fly; if given, sidecars made another way count as stale.
@@ -80,7 +92,8 @@ class StreamingBatches(IterableDataset):
     """
 
     def __init__(self, urls: Any, max_batch_tokens: Any, max_batch_size: Any = 64, *,
-                 window_samples: Any = 20_000, shuffle: bool = True, drop_last: bool = False, seed: Any = 42,
+                 window_samples: Any = None, read_mode: str | None = None, shuffle: bool = True,
+                 drop_last: bool = False, seed: Any = 42,
                  rank: Any = None, world_size: Any = None, planner: str = "greedy",
                  index_dir: str | None = None, index_missing: bool = False, length_from: Any = None,
                  frames_per_second: Any = None, index_workers: Any = 1, decode: Any = None,
@@ -90,7 +103,6 @@ class StreamingBatches(IterableDataset):
         super().__init__()
         tokens = check_budget(max_batch_tokens)
         size = check_int("max_batch_size", max_batch_size, 1)
-        window = check_int("window_samples", window_samples, 1)
         seed = check_seed(seed)
         shuffle, drop_last = check_flag("shuffle", shuffle), check_flag("drop_last", drop_last)
         index_missing, verify = check_flag("index_missing", index_missing), check_flag("verify", verify)
@@ -102,11 +114,18 @@ class StreamingBatches(IterableDataset):
         if collate_fn is not None and not callable(collate_fn):
             raise TypeError(f"collate_fn must be callable or None, got {type(collate_fn).__name__}")
         rank, world_size = resolve_world(rank, world_size)
+        if read_mode is None:
+            shard_urls = catalog_urls(urls, storage_options) if is_catalog(urls) else expand_urls(urls)
+            read_mode = "sample" if all(is_local(u) for u in shard_urls) else "shard"
+        read_mode = check_read_mode(read_mode)
+        if window_samples is None:
+            window_samples = default_window(read_mode, world_size)
+        window = check_int("window_samples", window_samples, 1)
         url_hint = urls if isinstance(urls, str) else None
         if index_missing and is_distributed() and world_size > 1:
             _index_share(urls, rank, world_size, index_dir, length_from, frames_per_second, index_workers)
         self.config = WindowConfig(tokens, size, world_size, window, shuffle, drop_last, seed,
-                                   planner, tuple(sorted(planner_options.items())))
+                                   planner, tuple(sorted(planner_options.items())), read_mode)
         failure = None
         try:
             self.catalog: Catalog = open_catalog(urls, index_dir=index_dir, index_missing=index_missing,
@@ -141,8 +160,11 @@ class StreamingBatches(IterableDataset):
         self.on_error = on_error
         # Load the compiled planner now, so DataLoader workers forked later
         # inherit it instead of each loading (or compiling) it again.
-        make_plan(np.ones(world_size, dtype=np.int64), tokens, size, world_size, planner=planner,
-                  **planner_options)
+        if read_mode == "shard":
+            warm_up_affine(tokens, size, world_size, planner_options)
+        else:
+            make_plan(np.ones(world_size, dtype=np.int64), tokens, size, world_size, planner=planner,
+                      **planner_options)
         self._shared = RawArray("q", [0, -1, 0])
         self._summaries: dict[int, EpochSummary] = {}
         self._pos: dict[str, Any] | None = None
@@ -220,7 +242,7 @@ class StreamingBatches(IterableDataset):
             raise ValueError(
                 "state was saved for other shards, sidecars or settings (fingerprint "
                 f"{state['fingerprint']} != {self.fingerprint}); resume with the same shard list, sidecars, "
-                "max_batch_tokens, max_batch_size, window_samples, shuffle, drop_last, seed and planner"
+                "max_batch_tokens, max_batch_size, window_samples, read_mode, shuffle, drop_last, seed and planner"
             )
         epoch = check_int("state['epoch']", state["epoch"], 0)
         step = check_int("state['step']", state["step"], 0)
@@ -348,6 +370,7 @@ class StreamingBatches(IterableDataset):
         return (f"StreamingBatches({len(self.catalog.urls)} shards, {self.catalog.num_samples} samples, "
                 f"max_batch_tokens={c.max_batch_tokens}, max_batch_size={c.max_batch_size}, "
                 f"rank={self.rank}, world_size={self.world_size}, window_samples={c.window_samples}, "
+                f"read_mode={c.read_mode!r}, "
                 f"epoch={self.epoch})")
 
 

@@ -47,10 +47,10 @@ from ..greedy.mt19937 import seed_key
 from ...core.cost import INT64_MAX, CostModel, resolve_cost
 from ..greedy.plan import index_dtype
 from ...core.plan import Plan, assemble, finish_last_step
+from ..base import Option, Planner
 
 DEFAULT_BUCKET_WIDTH = 0.02
 MIN_BUCKET_WIDTH = 0.001  # keeps the bucket count (~ ln(max_len) / width) in the tens of thousands
-OPTIONS = ("bucket_width", "cost", "max_step_cost")
 _SALT = np.uint64(0x6275636B65746564)  # "bucketed"
 
 
@@ -80,12 +80,7 @@ def bucket_edges(max_len: int, width: float, phase: float) -> np.ndarray:
     return np.array(edges, dtype=np.int64)
 
 
-def check_options(options: dict[str, Any]) -> tuple[float, CostModel, float | None]:
-    """Validated (bucket_width, cost model, max_step_cost) from ``options``."""
-    unknown = sorted(set(options) - set(OPTIONS))
-    if unknown:
-        raise TypeError(f"planner 'bucketed' got unknown option(s) {unknown}; valid options are {list(OPTIONS)}")
-    width = options.get("bucket_width", DEFAULT_BUCKET_WIDTH)
+def check_bucket_width(width: Any) -> float:
     if isinstance(width, bool) or not isinstance(width, numbers.Real):
         raise TypeError(
             f"bucket_width must be a number in [{MIN_BUCKET_WIDTH}, 1], got {width!r} ({type(width).__name__})"
@@ -96,25 +91,32 @@ def check_options(options: dict[str, Any]) -> tuple[float, CostModel, float | No
             f"bucket_width must be in [{MIN_BUCKET_WIDTH}, 1] (relative width of a length bucket), got {width}; "
             f"the default {DEFAULT_BUCKET_WIDTH} keeps padding low while shuffling within buckets"
         )
-    cost = resolve_cost(options.get("cost"))
-    max_step_cost = options.get("max_step_cost")
-    if max_step_cost is not None:
-        if isinstance(max_step_cost, bool) or not isinstance(max_step_cost, numbers.Real):
-            raise TypeError(
-                f"max_step_cost must be a number > 0 (cost units of {cost}) or None, got {max_step_cost!r} "
-                f"({type(max_step_cost).__name__})"
-            )
-        try:
-            value = float(max_step_cost)
-        except OverflowError:
-            value = float("inf")
-        if not (np.isfinite(value) and value > 0):
-            raise ValueError(
-                f"max_step_cost must be a finite number > 0 (cost units of {cost}) or None for no cap, "
-                f"got {max_step_cost}"
-            )
-        max_step_cost = value
-    return width, cost, max_step_cost
+    return width
+
+
+def check_max_step_cost(max_step_cost: Any) -> float | None:
+    if max_step_cost is None:
+        return None
+    if isinstance(max_step_cost, bool) or not isinstance(max_step_cost, numbers.Real):
+        raise TypeError(
+            f"max_step_cost must be a number > 0 (in cost units) or None, got {max_step_cost!r} "
+            f"({type(max_step_cost).__name__})"
+        )
+    try:
+        value = float(max_step_cost)
+    except OverflowError:
+        value = float("inf")
+    if not (np.isfinite(value) and value > 0):
+        raise ValueError(
+            f"max_step_cost must be a finite number > 0 (in cost units) or None for no cap, got {max_step_cost}"
+        )
+    return value
+
+
+def check_options(options: dict[str, Any]) -> tuple[float, CostModel, float | None]:
+    """Validated (bucket_width, cost model, max_step_cost) from ``options``."""
+    o = PLANNER.resolve(options)
+    return o["bucket_width"], o["cost"], o["max_step_cost"]
 
 
 def plan_bucketed(lengths: np.ndarray, max_batch_tokens: int, max_batch_size: int, world_size: int,
@@ -179,3 +181,16 @@ def plan_bucketed(lengths: np.ndarray, max_batch_tokens: int, max_batch_size: in
     else:
         step_order = np.arange(counts.shape[0], dtype=np.int64)
     return assemble(out, counts, step_order, w, padded, leftover)
+
+
+PLANNER = Planner(
+    "bucketed", plan_bucketed,
+    options=(
+        Option("bucket_width", DEFAULT_BUCKET_WIDTH, check_bucket_width,
+               "relative width of a length bucket, in [0.001, 1]: wider shuffles more and pads more"),
+        Option("cost", CostModel.quadratic(), resolve_cost, "the CostModel ranks are balanced under"),
+        Option("max_step_cost", None, check_max_step_cost, "cap on every batch's cost (cost units), or None"),
+    ),
+    costs=("quadratic", "linear", "quadratic_duration"),
+    summary="length buckets, each step's W batches laid out to cost the same (recommended for new runs)",
+)

@@ -13,6 +13,7 @@ from .kernels import greedy_steps
 from .mt19937 import mt_new, seed_key, shuffle_slice
 from .order import sortish_order
 from ...core.plan import Plan, assemble, finish_last_step
+from ..base import Planner
 
 
 def seed_chunk_size(world_size: int, max_batch_size: int) -> int:
@@ -55,3 +56,9 @@ def plan_greedy(lengths: np.ndarray, max_batch_tokens: int, max_batch_size: int,
     if shuffle:
         shuffle_slice(mt, step_order, 0, step_order.shape[0])
     return assemble(samples, counts, step_order, w, padded, leftover)
+
+
+PLANNER = Planner(
+    "greedy", plan_greedy, options=(), costs=("quadratic",),
+    summary="the seed's greedy global-step planner, batch for batch (the sampler's default)",
+)

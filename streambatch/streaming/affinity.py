@@ -1,0 +1,271 @@
+"""Shard-affine window planning (``read_mode="shard"``): every rank trains
+on samples whose bytes it streamed itself, so each byte of a shard crosses
+the network once per epoch across the whole job, in a few large reads.
+
+Design (one window; a pure function of the window's lengths, the samples
+carried into it, config, seed, epoch and window index, so every rank and
+worker computes every rank's share without talking):
+
+1. **Deal by cutting, not by whole shards.** The window's new samples, in
+   its (shuffled) shard order and tar order inside each shard, are cut into
+   W contiguous pieces of equal *weight* (a sample weighs its cost under the
+   cost model, e.g. L**2, plus one, clipped at a full batch's cost at the
+   window's W-th longest length), after counting to each rank the samples
+   it carried in (water-filling). Rank r streams piece r: the tail of one
+   shard, whole shards, the head of another. Every byte is read by one
+   rank, a window costs at most ``shards + W - 1`` ranged reads (windows hold
+   >= W shards, so < 2 per shard), and the ranks' totals are equal to within
+   one sample, which whole-shard dealing (e.g. longest processing time
+   first) cannot promise with a few shards per rank.
+2. **Per rank, sort** its samples by length (random tie order).
+3. **Walk all ranks at one pace** (``affinity_kernels.affine_steps``): a
+   step's target is the cost of the cheapest full batch any rank can take
+   next; that rank takes it and every other rank takes the prefix of its
+   sorted samples whose cost is nearest the target. Steps are balanced,
+   within the token budget and size cap, every rank has the same number,
+   and ranks with equal totals run out together. Where one rank's lengths
+   run ahead of another's, its batch is under-filled rather than made
+   costlier: balance is kept at the price of a few more steps.
+4. **Outliers are pooled.** Samples longer than a fifth of the token budget
+   (a batch at their length holds <= 4) cannot be balanced by the rank that
+   happens to hold them; up to 4 * W of them per window are planned across
+   ranks with the bucketed planner, each batch given to the rank holding
+   most of it (``to_holders``). A pooled sample trained by another rank is
+   one ranged read; the holder streamed its bytes too (its piece is one read).
+5. **What is left** when the first rank runs out (a few samples per rank)
+   stays with its holder: carried into the next window and counted to that
+   rank there. The holder keeps those samples' bytes in memory (about one
+   batch per rank), so nothing is read twice. In the epoch's final window
+   that tail is planned across ranks like the outliers (``drop_last`` as
+   the user set it; padding by the planners' rule), instead of leaving
+   ranks idle.
+6. Step order inside the window is shuffled from (seed, epoch, window).
+
+A rank's batches mix all of its window share, so it needs its whole share
+(about window bytes / W) before the window's first step; prefetching the
+next window's share while one trains keeps two shares per rank resident.
+``bucket_width`` has no effect here (per-rank pools are sorted exactly).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ..core.plan import Plan, assemble
+from ..planners import make_plan
+from ..planners.bucketed.plan import check_options
+from .affinity_kernels import affine_steps
+
+_U64 = 1 << 64
+# A sample so long that a batch at its length holds at most POOL_BATCH samples
+# is an outlier, planned across ranks; at most POOL_CAP * W of them per window
+# (each costs one ranged read unless its holder gets it).
+POOL_BATCH = 4
+POOL_CAP = 4
+_INT64_MAX = np.iinfo(np.int64).max
+
+
+@dataclass(frozen=True)
+class AffineWindow:
+    """One shard-affine window.
+
+    plan: global steps; sample indices address the window's samples, which
+        are the carried-in samples followed by the new ones.
+    holder: (n,) int64 rank that streams (or carried in) each sample.
+    cuts: (W + 1,) int64; rank r reads new samples ``cuts[r]:cuts[r + 1]``
+        (positions in the new sequence, i.e. window index - n_carried).
+    leftover: (k,) int64 window indices not trained on here: carried into the
+        next window by their owner, or (final window, drop_last) dropped.
+    """
+
+    plan: Plan
+    holder: np.ndarray
+    cuts: np.ndarray
+    leftover: np.ndarray
+
+
+def sample_weights(lengths: np.ndarray, cost: Any, max_tokens: int, max_size: int, max_cost: int,
+                   world_size: int) -> np.ndarray:
+    """(n,) int64 weight of each sample: its scaled cost alone, plus one
+    (so zero-length samples still count), but at most the cost of a full
+    batch at the window's W-th longest length (about the longest length
+    every rank reaches). A longer outlier fills a step by itself whatever it
+    costs; weighed in full, it would leave its rank short of other samples,
+    so that rank would run out steps before the others. Integers, so that
+    every machine cuts a window at the same samples."""
+    weights = cost.scaled(1, lengths)
+    n = lengths.shape[0]
+    if n > world_size:
+        top = int(np.partition(lengths, n - world_size)[n - world_size])
+        count = max(1, min(max_size, max_tokens // max(top, 1)))
+        while count > 1 and int(cost.scaled(count, top)) > max_cost:
+            count -= 1
+        np.minimum(weights, int(cost.scaled(count, top)), out=weights)
+    return weights + 1
+
+
+def pooled_mask(lengths: np.ndarray, max_tokens: int, world_size: int) -> np.ndarray:
+    """(n,) bool: the outliers planned across ranks, samples so long that a
+    batch at their length holds at most POOL_BATCH of them (at most the
+    W * POOL_CAP longest such samples of the window, to bound extra reads)."""
+    mask = lengths > max_tokens // (POOL_BATCH + 1)
+    limit = POOL_CAP * world_size
+    if mask.sum() > limit:
+        mask[:] = False
+        mask[np.argsort(-lengths, kind="stable")[:limit]] = True
+    return mask
+
+
+def water_levels(carry: np.ndarray, total_new: int) -> np.ndarray:
+    """(W,) int64 share of ``total_new`` weight each rank gets so that
+    carry + share is as even as possible (ranks above the level get none).
+    carry: (W,) int64."""
+    w = carry.shape[0]
+    ks = np.sort(carry)
+    level = 0
+    for j in range(w, 0, -1):  # the most ranks (the lowest j) that all sit at or below their common level
+        level = (total_new + int(ks[:j].sum())) // j
+        if level >= ks[j - 1]:
+            break
+    return np.maximum(level - carry, 0)
+
+
+def cut_points(weights: np.ndarray, shares: np.ndarray) -> np.ndarray:
+    """(W + 1,) int64 monotone cuts of ``weights`` (m,) int64 into W contiguous
+    pieces whose sums are as close as can be to ``shares`` (W,) int64; the
+    last piece ends at m whatever its share."""
+    run = np.concatenate([[0], np.cumsum(weights)])
+    bounds = np.cumsum(shares)[:-1]
+    hi = np.searchsorted(run, bounds).clip(1, run.shape[0] - 1)
+    nearer_lo = (bounds - run[hi - 1]) <= (run[hi] - bounds)
+    inner = np.where(nearer_lo, hi - 1, hi)
+    cuts = np.concatenate([[0], np.maximum.accumulate(inner), [weights.shape[0]]]).astype(np.int64)
+    return np.minimum(cuts, weights.shape[0])
+
+
+def plan_affine_window(carry_len: np.ndarray, carry_holder: np.ndarray, new_len: np.ndarray,
+                       max_batch_tokens: int, max_batch_size: int, world_size: int, shuffle: bool,
+                       final: bool, drop_last: bool, seed: int, options: dict[str, Any]) -> AffineWindow:
+    """Plan one window in shard-affine mode (inputs validated by the caller).
+
+    carry_len, carry_holder: (c,) int64 lengths and holding ranks of the
+    samples carried in; new_len: (m,) int64 lengths of the window's new
+    samples in shard order. ``final``: the epoch's last window (its tail is
+    planned across ranks and ``drop_last`` applies); otherwise what cannot
+    form balanced steps is returned as leftover, to carry.
+    options: the bucketed planner's (bucket_width, cost, max_step_cost).
+    """
+    _, cost, max_step_cost = check_options(options)
+    w = world_size
+    c = carry_len.shape[0]
+    lengths = np.concatenate([carry_len, new_len]).astype(np.int64, copy=False)
+    n = lengths.shape[0]
+    lmax = int(lengths.max(initial=0))
+    cap = min(max_batch_size, max(n, 1))
+    tokens = min(max_batch_tokens, cap * max(lmax, 1) + 1)
+    cost.check_range(lmax, tokens, cap, w)
+    max_cost = _INT64_MAX
+    if max_step_cost is not None:
+        max_cost = int(min(np.floor(max_step_cost * cost.scale), _INT64_MAX))
+        if max_cost < 1:
+            raise ValueError(f"max_step_cost={max_step_cost} is below the cost of any batch ({cost}); raise it")
+    pooled = pooled_mask(lengths, max_batch_tokens, w)
+    weights = sample_weights(lengths, cost, tokens, cap, max_cost, w)
+    weights[pooled] = 1
+    carry_w = np.zeros(w, dtype=np.int64)
+    np.add.at(carry_w, carry_holder, weights[:c])
+    cuts = cut_points(weights[c:], water_levels(carry_w, int(weights[c:].sum())))
+    holder = np.concatenate([carry_holder.astype(np.int64), np.repeat(np.arange(w, dtype=np.int64), np.diff(cuts))])
+
+    rng = np.random.Generator(np.random.PCG64(np.random.SeedSequence([seed % _U64, 0xAFF])))
+    tags = rng.integers(0, 1 << 62, size=n) if shuffle else np.arange(n)
+    walker = np.where(pooled, w, holder)  # pooled samples sort after every rank's segment
+    order = np.lexsort((tags, lengths, walker)).astype(np.int64)
+    starts = np.searchsorted(walker[order], np.arange(w + 1)).astype(np.int64)
+    pool = order[starts[w]:]
+    counts, k, pos = affine_steps(lengths[order], starts, tokens, cap, cost.code, cost.q, max_cost)
+    counts = counts[:k]
+    # rank r's batches are consecutive slices of its segment of ``order``
+    begin = starts[:w] + np.cumsum(counts, axis=0) - counts
+    flat = counts.ravel()
+    samples = order[np.repeat(begin.ravel() - (np.cumsum(flat) - flat), flat) + np.arange(int(flat.sum()))]
+    rest = order[np.concatenate([np.arange(pos[r], starts[r + 1]) for r in range(w)]).astype(np.int64)]
+    padded = 0
+    if final:
+        pool = np.concatenate([pool, rest])
+        rest = rest[:0]
+    if pool.size:
+        # Pooled outliers (and, in the epoch's final window, the walk's tail of a
+        # few samples per rank) are planned across ranks, as in sample mode: a
+        # sample given to a rank other than its holder costs that rank one
+        # ranged read, instead of a lopsided step or steps of padding.
+        extra = make_plan(lengths[pool], max_batch_tokens, max_batch_size, w, shuffle=shuffle,
+                          drop_last=drop_last or not final, seed=int(rng.integers(0, 1 << 62)), planner="bucketed",
+                          **options)
+        x_samples, x_counts = to_holders(pool[extra.samples], np.diff(extra.offsets).reshape(-1, w), holder)
+        samples = np.concatenate([samples, x_samples])
+        counts = np.concatenate([counts, x_counts])
+        padded = extra.num_padded
+        rest = np.concatenate([rest, pool[extra.leftover]])
+    steps = counts.shape[0]
+    step_order = rng.permutation(steps).astype(np.int64) if shuffle else np.arange(steps, dtype=np.int64)
+    plan = assemble(samples, counts, step_order, w, padded, rest)
+    return AffineWindow(plan, holder, cuts, rest)
+
+
+def to_holders(samples: np.ndarray, counts: np.ndarray, holder: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Give each batch of a step to the rank holding most of its samples.
+
+    samples: window indices grouped by (step, rank); counts: (k, W) batch
+    sizes. The W batches of a step may go to any ranks (their costs do not
+    change), so they are matched to ranks greedily, most held samples first,
+    to spare ranged reads. Returns (samples, counts) regrouped likewise.
+    """
+    k, w = counts.shape
+    offsets = np.concatenate([[0], np.cumsum(counts.ravel())])
+    batches = [samples[offsets[b] : offsets[b + 1]] for b in range(k * w)]
+    out_batches = []
+    for s in range(k):
+        step = batches[s * w : (s + 1) * w]
+        pairs: dict[tuple[int, int], int] = {}
+        for b, x in enumerate(step):
+            for r in holder[x].tolist():
+                pairs[(b, r)] = pairs.get((b, r), 0) + 1
+        rank_of = [-1] * w
+        taken = [False] * w
+        for (b, r), _ in sorted(pairs.items(), key=lambda kv: (-kv[1], kv[0])):
+            if rank_of[b] < 0 and not taken[r]:
+                rank_of[b], taken[r] = r, True
+        free = iter(r for r in range(w) if not taken[r])
+        placed: list[np.ndarray] = [samples[:0]] * w
+        for b in range(w):
+            placed[rank_of[b] if rank_of[b] >= 0 else next(free)] = step[b]
+        out_batches.extend(placed)
+    sizes = np.array([x.shape[0] for x in out_batches], dtype=np.int64).reshape(k, w)
+    return (np.concatenate(out_batches) if out_batches else samples[:0]), sizes
+
+
+def foreign_samples(plan: Plan, holder: np.ndarray) -> np.ndarray:
+    """(k, 2) int64 rows (rank, sample) of samples a rank trains on without
+    holding them (the final window's tail and padding), deduplicated: each
+    costs that rank one ranged read."""
+    w = plan.world_size
+    sizes = np.diff(plan.offsets)
+    rank = np.repeat(np.arange(sizes.shape[0], dtype=np.int64) % w, sizes)
+    samples = plan.samples.astype(np.int64)
+    away = holder[samples] != rank
+    rows = np.unique(np.stack([rank[away], samples[away]], axis=1), axis=0)
+    return rows.reshape(-1, 2)
+
+
+def warm_up(max_batch_tokens: int, max_batch_size: int, world_size: int, options: dict[str, Any]) -> None:
+    """Validate ``options`` and load the compiled kernels (a tiny window with
+    a pooled outlier), so DataLoader workers forked later inherit them."""
+    w = world_size
+    lengths = np.ones(2 * w + 1, dtype=np.int64)
+    lengths[-1] = max_batch_tokens
+    none = np.zeros(0, dtype=np.int64)
+    plan_affine_window(none, none, lengths, max_batch_tokens, max_batch_size, w, True, True, False, 0, dict(options))
