@@ -223,3 +223,25 @@ def test_cli_storage_options_parts_and_merge(tmp_path, capsys):
     assert main(["index", brace, "--merge", "2", "--catalog", cat]) == 0
     assert f"catalog of 4 shards, {sum(SIZES[:4])} samples" in capsys.readouterr().out
     assert len(StreamingBatches(cat, BUDGET, CAP)) > 0
+
+
+@pytest.mark.slow
+def test_index_split_and_merged_under_torchrun(tmp_path):
+    import subprocess
+    import sys
+
+    from helpers import free_port
+    from streambatch.streaming.catalog_file import read_catalog
+
+    brace, paths, _ = write_corpus(tmp_path / "d", SIZES, seed=4)
+    cat = str(tmp_path / "t.catalog.npz")
+    here = os.path.dirname(os.path.abspath(__file__))
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join([here, os.path.dirname(here)]))
+    out = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
+                          "--master-addr", "127.0.0.1", "--master-port", str(free_port()), "-m", "streambatch.cli",
+                          "index", brace, "--fps", str(FPS), "--workers", "1", "--catalog", cat],
+                         env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
+    assert "(part 0 of 2)" in out.stdout and "(part 1 of 2)" in out.stdout
+    c = read_catalog(cat)
+    assert c["urls"] == paths and c["counts"].tolist() == SIZES
