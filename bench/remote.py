@@ -29,11 +29,11 @@ import numpy as np
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "tests"))
 
-from servers import FaultProxy, nginx_server  # noqa: E402
-
 from streambatch.cli.corpus import make_shards  # noqa: E402
 from streambatch.streaming import StreamingBatches, index_shards  # noqa: E402
 from streambatch.streaming.catalog_file import catalog_arrays, write_catalog  # noqa: E402
+
+from servers import FaultProxy, nginx_server  # noqa: E402
 
 BUDGET, CAP, FPS = 16000, 64, 50
 MODES = ["sample", "shard"] if "read_mode" in inspect.signature(StreamingBatches).parameters else ["sample"]
@@ -126,14 +126,13 @@ def throughput(root: str, quick: bool, repeats: int) -> None:
                 base = px.url if latency else ng.url
                 mine = [f"{base}/{os.path.basename(p)}" for p in paths[rank::world]]
 
-                def plain():
+                def plain(mine=mine):
                     return sum(1 for _ in wds.WebDataset(mine, shardshuffle=False, empty_check=False))
 
-                def ours(mode):
+                def ours(mode, latency=latency, px=px):
                     with tempfile.TemporaryDirectory() as cache:
-                        opts = None
                         ds = make_ds(cat if not latency else _via(cat, ng.url, px.url, root, mode), mode,
-                                     rank=rank, world_size=world, cache_dir=cache, storage_options=opts)
+                                     rank=rank, world_size=world, cache_dir=cache)
                         t0 = time.perf_counter()
                         n = sum(len(b) for b in ds)
                         return n, time.perf_counter() - t0
@@ -180,7 +179,8 @@ def catalog_construction(root: str, quick: bool) -> None:
             urls = [f"s3://bench-bucket/train/train-{i:06d}.tar" for i in range(shards)]
             lengths = [rng.integers(25, 1500, 100) for _ in range(shards)]
             metas = [{"etag": f"{i:032x}", "digest": f"{i:016x}", "size": 1 << 26} for i in range(shards)]
-            meta, arrays = catalog_arrays(urls, [u + ".idx.npz" for u in urls], metas, lengths, "json:duration*50/s")
+            meta, arrays = catalog_arrays(urls, [u + ".idx.npz" for u in urls], metas, lengths,
+                                          "json:duration*50/s")
             write_catalog(path, meta, arrays)
         best = float("inf")
         for _ in range(3):
@@ -195,7 +195,8 @@ def catalog_construction(root: str, quick: bool) -> None:
 
 def remote_indexing(root: str, quick: bool) -> None:
     print("\n## 4. Remote indexing over HTTP: what `streambatch index` reads (16 kHz speech, median 2-4 s)")
-    print("| audio | median s | length from | shard MiB | bytes read / shard bytes | bytes per sample | GETs per sample |")
+    print("| audio | median s | length from | shard MiB | bytes read / shard bytes | bytes per sample "
+          "| GETs per sample |")
     print("|---|---:|---|---:|---:|---:|---:|")
     shards, per = (4, 25) if quick else (8, 50)
     for fmt in ("flac", "wav"):

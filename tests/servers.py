@@ -204,8 +204,8 @@ class S3:
 def s3_server():
     """moto's S3 server in a subprocess on a free 127.0.0.1 port."""
     try:
-        import moto.server  # noqa: F401
         import boto3  # noqa: F401
+        import moto.server  # noqa: F401
     except ImportError:
         pytest.skip("moto's server is not installed (pip install 'moto[server]' boto3 s3fs)")
     port = free_port()

@@ -13,13 +13,25 @@ import numpy as np
 import pytest
 from torch.utils.data import DataLoader
 
-from shards import FPS, write_corpus
 from streambatch.streaming import ShardError, StreamingBatches, index_shards
 from streambatch.streaming.cache import ShardCache, ShardRef, run_dir, sweep_dead_runs
-from streambatch.streaming.remote import (HTTPStatusError, RemoteShard, RetryPolicy, ShortRead, filesystem,
-                                          is_remote, is_transient, object_identity, scrub, scrub_options, scrub_url)
+from streambatch.streaming.remote import (
+    HTTPStatusError,
+    RemoteShard,
+    RetryPolicy,
+    ShortRead,
+    filesystem,
+    is_remote,
+    is_transient,
+    object_identity,
+    scrub,
+    scrub_options,
+    scrub_url,
+)
 from streambatch.streaming.remote_io import lookahead
 from streambatch.streaming.remote_reader import worker_steps
+
+from shards import FPS, write_corpus
 
 SIZES = [21, 17, 0, 25, 19, 23, 14]
 BUDGET, CAP = 400, 12
@@ -98,7 +110,9 @@ def test_shard_download_and_cache_release(corpus, tmp_path):
     size = os.path.getsize(paths[0])
     out = io.BytesIO()
     assert RemoteShard(pipes[0], size=size).download(out) == size
-    assert out.getvalue() == open(paths[0], "rb").read()
+    with open(paths[0], "rb") as f:
+        original = f.read()
+    assert out.getvalue() == original
     with pytest.raises(ShardError, match=r"changed since it was indexed.*\d+ bytes"):
         RemoteShard(pipes[0], size=size - 512, retry=RetryPolicy(backoff=0)).download(io.BytesIO())
 
@@ -106,7 +120,8 @@ def test_shard_download_and_cache_release(corpus, tmp_path):
     ref = ShardRef(pipes[0], size)
     cache.schedule([ref, ShardRef(pipes[1])])
     path = cache.get(ref)
-    assert open(path, "rb").read() == open(paths[0], "rb").read()
+    with open(path, "rb") as f:
+        assert f.read() == original
     assert cache.fetch(ref) == path  # already there: no second download
     cache.release(ref, "e0w0", consumers=2)
     assert os.path.exists(path)  # one of two readers done
@@ -230,8 +245,9 @@ def test_index_split_and_merged_under_torchrun(tmp_path):
     import subprocess
     import sys
 
-    from helpers import free_port
     from streambatch.streaming.catalog_file import read_catalog
+
+    from helpers import free_port
 
     brace, paths, _ = write_corpus(tmp_path / "d", SIZES, seed=4)
     cat = str(tmp_path / "t.catalog.npz")

@@ -17,15 +17,16 @@ import pytest
 import soundfile
 import torch.multiprocessing as mp
 import webdataset as wds
+from launch_remote import BUDGET, CAP, WINDOW, run_rank
 from torch.utils.data import DataLoader
 
-from helpers import free_port
-from launch_remote import BUDGET, CAP, WINDOW, run_rank
-from servers import FaultProxy, nginx_server, s3_server
-from shards import FPS, write_corpus
 from streambatch.streaming import ShardError, StreamingBatches, index_shards
 from streambatch.streaming.remote import RetryPolicy
 from streambatch.streaming.sidecar import read_arrays, sidecar_path
+
+from helpers import free_port
+from servers import FaultProxy, nginx_server, s3_server
+from shards import FPS, write_corpus
 
 pytestmark = pytest.mark.slow
 

@@ -6,7 +6,6 @@ import argparse
 import json
 import os
 import sys
-
 from typing import Any
 
 from .args import Formatter, positive_float, whole
@@ -110,10 +109,12 @@ def add_parser(sub: Any) -> None:
         "examples:\n"
         "  streambatch index 'data/train-{000000..000999}.tar' --frames-per-second 50\n"
         "  streambatch index data/*.tar --length-from audio --frames-per-second 100\n"
-        "  streambatch index 's3://bucket/train-{000000..000999}.tar' --fps 50 -s endpoint_url=http://minio:9000\n"
+        "  streambatch index 's3://bucket/train-{000000..000999}.tar' --fps 50 \\\n"
+        "      -s endpoint_url=http://minio:9000\n"
         "  streambatch index 'hf://datasets/org/name/train-{0000..0099}.tar' --fps 50 --index-dir idx/\n"
         "  streambatch index SHARDS --part 3/16 ... ; then: streambatch index SHARDS --merge 16"))
-    ix.add_argument("shards", nargs="+", metavar="SHARD", help="shard paths, brace patterns, URLs or directories of .tar shards")
+    ix.add_argument("shards", nargs="+", metavar="SHARD",
+                    help="shard paths, brace patterns, URLs or directories of .tar shards")
     ix.add_argument("--length-from", default="json:duration", metavar="SOURCE",
                     help="json:FIELD (a field of the .json member), audio (header of the first audio member) "
                          "or audio:SUFFIX")

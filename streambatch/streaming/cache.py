@@ -25,6 +25,7 @@ second download.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import fcntl
 import hashlib
@@ -274,10 +275,8 @@ class ShardCache:
             # The lock file goes too: a process that still waits on it would at
             # worst download the shard again, never read a torn file.
             for p in (base + ".data", done, base + ".err", base + ".lock"):
-                try:
+                with contextlib.suppress(FileNotFoundError):
                     os.unlink(p)
-                except FileNotFoundError:
-                    pass
 
     def close(self) -> None:
         with self._lock:

@@ -112,7 +112,8 @@ def read_catalog(path: str, storage_options: dict | None = None) -> dict[str, An
     try:
         z = load_npz(os.fspath(path), storage_options)
     except FileNotFoundError:
-        raise FileNotFoundError(f"no catalog at {path}; write one with `streambatch index SHARDS --catalog {path}`") from None
+        raise FileNotFoundError(f"no catalog at {path}; write one with "
+                                f"`streambatch index SHARDS --catalog {path}`") from None
     with z:
         meta = json.loads(z["meta"].tobytes().decode())
         if meta.get("format") != FORMAT or meta.get("version") != VERSION:

@@ -15,6 +15,7 @@ scrubbed of credentials before they reach a message or a log line.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import random
 import re
@@ -238,10 +239,10 @@ class _AsyncStream(_Stream):
     def close(self) -> None:
         body, self._body = self._body, None
         if body is not None:
-            try:  # on the loop's thread: asyncio transports are not thread-safe
+            # on the loop's thread (asyncio transports are not thread-safe); closing a
+            # broken connection may itself fail, and there is nothing left to keep
+            with contextlib.suppress(Exception):
                 self._sync(self._loop, _aclose, body)
-            except Exception:  # closing a broken connection may itself fail; nothing to keep
-                pass
 
 
 async def _aclose(body) -> None:
@@ -346,10 +347,8 @@ class _PipeStream(_Stream):
         return self.f.read(n)
 
     def close(self) -> None:
-        try:
+        with contextlib.suppress(Exception):  # a pipe closed early exits with SIGPIPE
             self.f.close()
-        except Exception:  # a pipe closed early exits with SIGPIPE
-            pass
 
 
 # ---------------------------------------------------------------- one shard

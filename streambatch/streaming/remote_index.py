@@ -59,7 +59,7 @@ class RangedFile(io.RawIOBase):
         if n == 0:
             return b""
         lo = self.pos - self._buf_at
-        if 0 <= lo and lo + n <= len(self._buf):
+        if lo >= 0 and lo + n <= len(self._buf):
             out = self._buf[lo : lo + n]
         else:
             # Keep what the buffer already holds of the front, fetch the rest plus readahead.
