@@ -233,3 +233,24 @@ def test_bench_helpers_in_process(capsys):
     p.step("two")
     p.close()
     assert "[2/2] two" in capsys.readouterr().err
+
+
+def test_output_paths_are_checked_before_any_work(tmp_path, capsys, lengths):
+    pytest.importorskip("matplotlib")
+    np.save(tmp_path / "l.npy", lengths)
+    figs = tmp_path / "figs"
+    figs.mkdir()
+    (figs / "keep.txt").write_text("mine")
+    for target, fragment in [(figs, "is a directory: name the figure file"),
+                             (figs / "plan", "cannot tell the figure format"),
+                             (figs / "plan.xyz", "cannot tell the figure format")]:
+        code = main(["plan", str(tmp_path / "l.npy"), "-t", "2000", "--plot", str(target)])
+        out, err = capsys.readouterr()
+        assert_one_line_error(code, err, fragment)
+        assert out == ""  # refused up front, not after the report
+    # the demo refuses to write over a non-empty directory unless --force
+    code = main(["demo", "--dir", str(figs), "--shards", "1", "--samples-per-shard", "2"])
+    out, err = capsys.readouterr()
+    assert_one_line_error(code, err, "--dir is not empty", "--force")
+    assert "[1/3]" not in out and sorted(p.name for p in figs.iterdir()) == ["keep.txt"]
+    assert not list(tmp_path.glob("*.png"))  # nothing written beside the directory either

@@ -43,6 +43,18 @@ def positive_float(text: str) -> float:
     return v
 
 
+def length_limit(text: str) -> str:
+    """A length limit: a whole number of length units (1500, 1e4) or seconds (30s, 12.5s)."""
+    body = text[:-1] if text.endswith("s") else text
+    try:
+        v = float(body.replace("_", ""))
+    except ValueError:
+        v = float("nan")
+    if not math.isfinite(v) or v <= 0 or (body is text and v != int(v)):
+        raise argparse.ArgumentTypeError(f"expected a length > 0 in length units (1500) or seconds (30s), got {text!r}")
+    return f"{v:g}s" if body is not text else str(int(v))
+
+
 def planner_option(text: str) -> tuple[str, Any]:
     """KEY=VALUE planner option; VALUE is read as JSON when it parses (0.05, true, "x"), else a string."""
     key, sep, value = text.partition("=")

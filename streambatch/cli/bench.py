@@ -87,8 +87,7 @@ def run_bench(args: argparse.Namespace) -> int:
 
     from .report import check_figure_path, plot_throughput
 
-    if args.plot:
-        check_figure_path(args.plot)
+    plot = check_figure_path(args.plot) if args.plot else None
     sizes, worlds = sorted(set(args.sizes)), sorted(set(args.worlds))
     planners = list(dict.fromkeys(args.planners))
     seed_runs = len(args.seed_worlds) * (1 + len(planners)) if args.seed_n else 0
@@ -125,9 +124,9 @@ def run_bench(args: argparse.Namespace) -> int:
         print("|---|---:|---:|---:|")
         for r in benchmark.compile_times(planners):
             print(f"| {r['planner']} | {r['cold_first_call']:.2f} | {r['warm_first_call']:.3f} | {r['import']:.2f} |")
-    if args.plot:
-        plot_throughput(args.plot, rows)
-        print(f"\nwrote {args.plot}")
+    if plot:
+        plot_throughput(plot, rows)
+        print(f"\nwrote {plot}")
     return 0
 
 

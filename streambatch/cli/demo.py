@@ -9,6 +9,7 @@ communication, so nothing else differs).
 from __future__ import annotations
 
 import argparse
+import errno
 import os
 import shutil
 import tempfile
@@ -27,6 +28,8 @@ FPS = 50  # planning frames per second of audio: lengths are ceil(duration * 50)
 def run_demo(args: argparse.Namespace) -> int:
     from .report import format_quality, quality, rank_batches
 
+    if args.dir:
+        check_demo_dir(args.dir, args.force)
     w, t_budget = args.world_size, args.max_batch_tokens
     print(f"streambatch demo: {args.shards} shards x {args.samples_per_shard} utterances, {w} simulated ranks x "
           f"{args.workers} DataLoader workers, planner {args.planner}, budget {t_budget:,} frames "
@@ -71,7 +74,7 @@ def _write_and_index(args: argparse.Namespace, out_dir: str) -> tuple[list[str],
     print(f"[1/3] wrote {len(paths)} WebDataset shards ({size / 2**20:.1f} MiB of FLAC + JSON, "
           f"{args.speech} speech) to {out_dir} in {time.perf_counter() - t:.1f} s")
     s = index_shards(paths, length_from="json:duration", frames_per_second=FPS,
-                     workers=min(2, os.cpu_count() or 1), progress=False)
+                     workers=min(2, os.cpu_count() or 1), progress=False, force=True)
     p = s.percentiles
     print(f"[2/3] indexed them in {s.seconds:.1f} s: {s.samples:,} utterances, "
           f"{audio_time(s.total_length / FPS)}; length (frames) min {p['min']}, median {p['p50']}, "
@@ -131,6 +134,15 @@ def _print_next(args: argparse.Namespace) -> None:
               f"{args.max_batch_tokens} --world-size {args.world_size}")
 
 
+def check_demo_dir(path: str, force: bool) -> None:
+    """Refuse to write the demo corpus over files the user may want, unless --force."""
+    if os.path.exists(path) and not os.path.isdir(path):
+        raise NotADirectoryError(errno.ENOTDIR, "--dir must name a directory", path)
+    if os.path.isdir(path) and os.listdir(path) and not force:
+        raise FileExistsError(errno.EEXIST, "--dir is not empty; the demo writes demo-000000.tar ... and their "
+                              "sidecars there: pass a new or empty directory, or --force to overwrite them", path)
+
+
 def planned_batches(catalog, config, epoch: int = 0):
     """Batches (see ``report.Batches``) of the epoch StreamingBatches streams
     with ``config``, planned window by window from the sidecar lengths alone."""
@@ -149,13 +161,16 @@ def planned_batches(catalog, config, epoch: int = 0):
 
 def planner_rows(ds, args: argparse.Namespace) -> list:
     """(name, Quality) of the epoch each planner would stream, planned from the sidecars (no audio read)."""
-    from dataclasses import replace
-
     from ..planners import PLANNERS
     from .report import quality
 
-    return [(name, quality(planned_batches(ds.catalog, replace(ds.config, planner=name)), args.max_batch_tokens))
+    return [(name, quality(planned_batches(ds.catalog, _config_for(ds.config, name)), args.max_batch_tokens))
             for name in sorted(PLANNERS)]
+
+
+def _config_for(config, name: str):
+    """The streamed configuration with another planner (its own options only for the chosen one)."""
+    return config if name == config.planner else config.replace(planner=name, planner_options={})
 
 
 def print_planner_rows(rows: list, streamed, args: argparse.Namespace, num_samples: int) -> None:
@@ -181,6 +196,8 @@ def add_parser(sub: Any, planners: list[str], recommended: str) -> None:
         "ranks in this process, each through a DataLoader with --workers workers. Prints steps per\n"
         "rank, padding and balance efficiency and samples/s. Takes well under a minute."))
     d.add_argument("--dir", metavar="DIR", help="write the corpus here and keep it (default: a temporary directory, removed after)")
+    d.add_argument("--force", action="store_true", help="with --dir: write into DIR even if it is not empty "
+                   "(its demo-*.tar shards and sidecars are overwritten)")
     d.add_argument("--shards", type=whole(1), default=8, metavar="N", help="shards to write")
     d.add_argument("--samples-per-shard", type=whole(1), default=50, metavar="N", help="utterances per shard")
     d.add_argument("--workers", type=whole(0), default=2, metavar="N", help="DataLoader workers per rank")

@@ -13,14 +13,13 @@ import os
 import re
 import sys
 import time
+from typing import Any
 
 import numpy as np
 
+from ..core.units import seconds_to_frames
+from .args import Formatter, add_plan_args, length_limit, positive_float, whole
 from .report import audio_time
-from typing import Any
-
-from .args import Formatter, add_plan_args, positive_float, whole
-
 
 _BRACES = re.compile(r"\{\d+\.\.\d+\}")
 _SHARD_EXT = (".tar", ".tar.gz", ".tgz")
@@ -81,34 +80,61 @@ def load_inputs(inputs: list[str], field: str | None, fps: float | None, index_d
 
 
 def run_plan(args: argparse.Namespace) -> int:
+    from ..core.config import PlanConfig
+    from ..core.long_samples import check_max_length, too_long
     from ..planners import make_plan
-    from .report import (check_figure_path, format_quality, histogram, plan_batches, plot_plan, quality,
-                         seconds_label)
+    from .outliers import find_outliers
+    from .report import (
+        check_figure_path,
+        epoch_time_bound,
+        format_quality,
+        histogram,
+        plan_batches,
+        plot_plan,
+        quality,
+        seconds_label,
+    )
 
-    if args.plot:
-        check_figure_path(args.plot)
-    lengths, source, fps = load_inputs(args.inputs, args.field, args.frames_per_second, args.index_dir)
+    plot = check_figure_path(args.plot) if args.plot else None
     options = dict(args.planner_option)
+    config = PlanConfig.build(args.max_batch_tokens, args.max_batch_size, args.world_size, not args.no_shuffle,
+                              args.drop_last, args.seed, args.planner, options)
+    lengths, source, fps = load_inputs(args.inputs, args.field, args.frames_per_second, args.index_dir)
+    limit = resolve_max_length(args.max_length, fps)
+    over = too_long(lengths, *check_max_length(limit, args.long_samples))
+    total = int(lengths.size)
+    if over.size:
+        lengths = np.delete(lengths, over)
     # Load the compiled planner first, so the time below is planning only.
-    make_plan(np.ones(args.world_size, dtype=np.int64), args.max_batch_tokens, args.max_batch_size,
-              args.world_size, planner=args.planner, **options)
+    make_plan(np.ones(args.world_size, dtype=np.int64), config)
     t = time.perf_counter()
-    plan = make_plan(lengths, args.max_batch_tokens, args.max_batch_size, args.world_size,
-                     shuffle=not args.no_shuffle, drop_last=args.drop_last, seed=args.seed, epoch=args.epoch,
-                     planner=args.planner, **options)
+    plan = make_plan(lengths, config, epoch=args.epoch)
     seconds = time.perf_counter() - t
     batches = plan_batches(plan, lengths)
     q = quality(batches, args.max_batch_tokens)
+    bound = epoch_time_bound(lengths, args.world_size)
+
+    def epoch_time(kept: np.ndarray) -> float:
+        again = make_plan(kept, args.max_batch_tokens, args.max_batch_size, args.world_size,
+                          shuffle=not args.no_shuffle, drop_last=args.drop_last, seed=args.seed, epoch=args.epoch,
+                          planner=args.planner, **options)
+        return quality(plan_batches(again, kept), args.max_batch_tokens).epoch_time
+
+    note = find_outliers(lengths, batches, epoch_time, fps) if lengths.size else None
     if args.json:
         out = {"samples": int(lengths.size), "source": source, "planner": args.planner,
                "max_batch_tokens": args.max_batch_tokens, "max_batch_size": args.max_batch_size,
                "world_size": args.world_size, "seed": args.seed, "epoch": args.epoch,
                "num_padded": plan.num_padded, "num_dropped": plan.num_dropped, "plan_seconds": seconds,
-               **q.as_dict()}
+               "max_length": limit, "num_too_long": int(over.size), **q.as_dict(), "epoch_time_bound": bound,
+               "outliers": None if note is None else {**note.__dict__, "text": note.text()}}
         print(json.dumps(out))
     else:
         opts = "".join(f", {k}={v!r}" for k, v in options.items())
-        print(f"{lengths.size:,} samples from {source}")
+        print(f"{total:,} samples from {source}")
+        if over.size:
+            print(f"  {over.size:,} longer than --max-length {args.max_length} ({limit:,}) left out: "
+                  f"{lengths.size:,} planned")
         print(f"  planner {args.planner}{opts}, max_batch_tokens {args.max_batch_tokens:,}, max_batch_size "
               f"{args.max_batch_size}, world size {args.world_size}, seed {args.seed}, epoch {args.epoch}")
         print(f"  planned in {seconds:.3f} s ({lengths.size / max(seconds, 1e-9) / 1e6:.1f}M samples/s, warm)")
@@ -117,16 +143,32 @@ def run_plan(args: argparse.Namespace) -> int:
                 (f", {plan.num_dropped} dropped with the partial final step" if plan.num_dropped else "")
         print(f"  each sample once{extra}\n")
         print("\n".join(format_quality(q)))
+        print(f"  epoch time bound     {bound:.4g}   max(sum L^2 / W, max L^2): no plan is faster "
+              f"(this one: {q.epoch_time / bound if bound else 1:.2f}x)")
+        if note is not None:
+            print(f"\nlong samples: {note.text()}")
         print(f"\nbatch size (samples per batch, {q.batches:,} batches)")
         print("\n".join(histogram(batches.sizes[batches.sizes > 0])))
         unit = "frames" if fps else "length units"
         print(f"\nsample length ({unit}{', seconds' if fps else ''})")
         print("\n".join(histogram(lengths, label=seconds_label(fps))))
-    if args.plot:
-        plot_plan(args.plot, batches, args.max_batch_tokens, args.max_batch_size,
+    if plot:
+        plot_plan(plot, batches, args.max_batch_tokens, args.max_batch_size,
                   title=f"{source}: {args.planner}, budget {args.max_batch_tokens:,}, W={args.world_size}")
-        print(f"\nwrote {args.plot}", file=sys.stderr if args.json else sys.stdout)
+        print(f"\nwrote {plot}", file=sys.stderr if args.json else sys.stdout)
     return 0
+
+
+def resolve_max_length(text: str | None, fps: float | None) -> int | None:
+    """--max-length in length units: ``1500`` as is, ``30s`` at the frame rate."""
+    if text is None:
+        return None
+    if text.endswith("s"):
+        if not fps:
+            raise ValueError(f"--max-length {text} is in seconds: give --frames-per-second too, or the limit in "
+                             "length units (e.g. --max-length 1500)")
+        return seconds_to_frames(float(text[:-1]), fps)
+    return int(text)
 
 
 def _length_summary(lengths: np.ndarray, fps: float | None) -> str:
@@ -166,6 +208,11 @@ def add_parser(sub: Any, planners: list[str], seed_exact: str) -> None:
     pl.add_argument("--frames-per-second", "--fps", type=positive_float, metavar="FPS",
                     help="values are seconds: length = ceil(seconds x this) (e.g. 50 or 100)")
     pl.add_argument("--index-dir", metavar="DIR", help="where the shards' sidecars are, if not next to the shards")
+    pl.add_argument("--max-length", type=length_limit, metavar="L",
+                    help="leave out samples longer than this: length units (1500) or seconds (30s, needs the "
+                         "frame rate)")
+    pl.add_argument("--long-samples", choices=("drop", "raise"), default="drop",
+                    help="with --max-length: drop longer samples (counted) or fail on them")
     pl.add_argument("--plot", metavar="FILE.png", help="also write a figure (needs matplotlib)")
     pl.add_argument("--json", action="store_true", help="print the metrics as one JSON object instead")
     pl.set_defaults(run=("plan", "run_plan"))

@@ -9,8 +9,16 @@ same way by ``streambatch plan`` and ``streambatch demo``:
 - balance efficiency: mean over steps of sum of the W batch costs /
   (W * the largest), cost B * L**2 (a synchronous step waits for its
   costliest batch);
-- budget use: mean over batches of B * L / max_batch_tokens.
+- budget use: mean over batches of B * L / max_batch_tokens;
+- planned epoch time: sum over steps of the step's costliest batch B * L**2
+  (a synchronous step lasts as long as its slowest rank), in frames**2 (or
+  length units**2); its lower bound for any plan is
+  ``max(sum L**2 / W, max L**2)`` (``epoch_time_bound``);
+- time-weighted balance: sum of all batch costs / (W x planned epoch time),
+  the balance with each step weighted by its time (a slow step with idle
+  ranks counts for what it costs, not as one step among many).
 """
+
 
 from __future__ import annotations
 
@@ -106,6 +114,8 @@ class Quality:
     budget_use: float
     step_cost_spread: float
     over_budget: int
+    epoch_time: float = 0.0
+    time_balance: float = 1.0
 
     def as_dict(self) -> dict:
         return dict(self.__dict__)
@@ -122,8 +132,18 @@ def quality(b: Batches, max_batch_tokens: int) -> Quality:
     use = float((tokens[nonempty] / max_batch_tokens).mean()) if nonempty.any() else 0.0
     median = float(np.median(top)) if b.num_steps else 0.0
     spread = float(top.max() / median) if median > 0 else 1.0
+    epoch = float(top.sum())
+    time_balance = float(b.costs().sum()) / (b.world_size * epoch) if epoch > 0 else 1.0
     return Quality(b.num_steps, b.world_size, int(nonempty.sum()), int(b.sizes.sum()), padding, balance, use,
-                   spread, int((tokens > max_batch_tokens).sum()))
+                   spread, int((tokens > max_batch_tokens).sum()), epoch, time_balance)
+
+
+def epoch_time_bound(lengths: np.ndarray, world_size: int) -> float:
+    """A lower bound of the planned epoch time of any plan of ``lengths``
+    ((N,) int): max(sum L**2 / W, max L**2). Every sample costs at least its
+    own L**2 on some rank, and the longest alone takes a step."""
+    sq = np.asarray(lengths, dtype=np.float64) ** 2
+    return float(max(sq.sum() / world_size, sq.max())) if sq.size else 0.0
 
 
 def step_balance(b: Batches) -> np.ndarray:
@@ -205,6 +225,8 @@ def format_quality(q: Quality) -> list[str]:
         f"  balance efficiency   {q.balance_efficiency:.3f}   per step, sum of rank costs / (W * max), cost B*L^2",
         f"  budget use           {q.budget_use:.3f}   mean batch B*L / max_batch_tokens",
         f"  step cost spread     {q.step_cost_spread:.2f}x   slowest step / median step (cost of its costliest batch)",
+        f"  planned epoch time   {q.epoch_time:.4g}   sum over steps of the costliest batch B*L^2",
+        f"  time-weighted bal.   {q.time_balance:.3f}   sum of all batch costs / (W * planned epoch time)",
     ] + ([f"  over budget          {q.over_budget:,} batches (single samples longer than the budget)"]
          if q.over_budget else [])
 
@@ -212,15 +234,27 @@ def format_quality(q: Quality) -> list[str]:
 # ---------------------------------------------------------------- figures
 
 
-def check_figure_path(path: str) -> None:
-    """Fail before the work, not after it, when a figure cannot be written."""
+def check_figure_path(path: str) -> str:
+    """Fail before the work, not after it, when a figure cannot be written;
+    return the path it will be written to."""
     try:
-        import matplotlib  # noqa: F401
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
     except ImportError:
         raise ImportError("plotting needs matplotlib: pip install 'streambatch[plot]'") from None
+    if os.path.isdir(path):
+        raise IsADirectoryError(errno.EISDIR, "is a directory: name the figure file, e.g. "
+                                f"{os.path.join(path, 'plan.png')}", path)
+    kinds = sorted(FigureCanvasAgg.get_supported_filetypes())
+    ext = os.path.splitext(path)[1].lower().lstrip(".")
+    if ext not in kinds:
+        raise ValueError(f"cannot tell the figure format of {path!r} from its extension; end it in .png, .pdf "
+                         f"or .svg (any of {', '.join('.' + k for k in kinds)})")
     folder = os.path.dirname(os.path.abspath(path))
     if not os.path.isdir(folder):
         raise FileNotFoundError(errno.ENOENT, "no such directory to write the figure in", path)
+    if not os.access(folder, os.W_OK) or (os.path.exists(path) and not os.access(path, os.W_OK)):
+        raise PermissionError(errno.EACCES, "cannot write the figure there", path)
+    return path
 
 
 def _figure(nrows: int, ncols: int, size: tuple[float, float]):

@@ -20,7 +20,7 @@ class Plan:
         rank ``r``'s batch of planned step ``s``.
     step_order: (n_steps,) int64; the ``i``-th step trained on is planned step
         ``step_order[i]``.
-    num_padded: samples repeated to fill empty slots of the final step.
+    num_padded: empty slots of the final step filled with a repeated sample (<= W - 1).
     num_dropped: samples left out (``drop_last=True``) in the final step.
     leftover: (num_dropped,) the dropped samples, for a streaming planner to
         carry into its next window.
@@ -101,8 +101,10 @@ def finish_last_step(samples: np.ndarray, counts: np.ndarray, n_used: int, drop_
 
     Padding rule: the k-th empty rank (in rank order) of the final step gets a
     one-sample batch holding the sample at position ``k mod m`` of that step's
-    ``m`` samples (as stored, i.e. grouped by rank). So at most W - 1 samples
-    repeat, once each, and every padded batch is within budget unless that
+    ``m`` samples (as stored, i.e. grouped by rank). So at most W - 1 slots
+    are padded; when ``m`` is smaller than the number of empty slots a sample
+    fills several (N = 1, W = 8: it is trained on 8 times). Every padded
+    batch is within budget unless that
     sample alone exceeds it.
 
     samples: (>= n_used + W,) sample buffer; counts: (n_steps, W) int64.

@@ -11,14 +11,17 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
+
+from ..core.config import PlanConfig, check_epoch
 from ..core.plan import Plan
-from ..core.validation import check_budget, check_flag, check_int, check_seed, coerce_lengths
+from ..core.validation import coerce_lengths
 from .base import Option, Planner, PlanFunction, UnknownOptionError
 from .bucketed.plan import PLANNER as BUCKETED
 from .greedy.plan import PLANNER as GREEDY
 
 __all__ = ["PLANNERS", "RECOMMENDED", "SEED_EXACT", "Option", "Planner", "PlanFunction", "UnknownOptionError", "check_planner", "get_planner",
-           "make_plan", "register_planner"]
+           "make_plan", "plan_epoch", "register_planner"]
 
 _BUILTIN = (GREEDY, BUCKETED)
 # The map-style sampler's default reproduces the seed; everything without a seed to match uses the best planner.
@@ -60,21 +63,33 @@ def make_plan(lengths: Any, max_batch_tokens: Any, max_batch_size: Any = 64, wor
 
     lengths: (N,) integer lengths (list, numpy array or torch tensor).
     options: the chosen planner's options (``PLANNERS[planner].options``).
-    Returns a Plan of global steps with one non-empty batch per rank.
+    ``make_plan(lengths, config, epoch=e)`` with a ``PlanConfig`` (already
+    validated) is the same call. Returns a Plan of global steps with one
+    non-empty batch per rank.
     """
-    arr = coerce_lengths(lengths)
-    tokens = check_budget(max_batch_tokens)
-    size = check_int("max_batch_size", max_batch_size, 1)
-    world = check_int("world_size", world_size, 1)
-    seed = check_seed(seed)
-    epoch = check_int("epoch", epoch, 0)
-    p = get_planner(planner)
-    shuffle = check_flag("shuffle", shuffle)
-    drop_last = check_flag("drop_last", drop_last)
-    resolved = p.resolve(options)
-    if arr.size:
+    if isinstance(max_batch_tokens, PlanConfig):
+        if options:
+            raise TypeError(f"make_plan(lengths, config) takes the planner options from the config, got "
+                            f"{sorted(options)} too; use config.replace(planner_options=...)")
+        config = max_batch_tokens
+    else:
+        config = PlanConfig.build(max_batch_tokens, max_batch_size, world_size, shuffle, drop_last, seed,
+                                  planner, options)
+    return plan_epoch(coerce_lengths(lengths), config, check_epoch(epoch))
+
+
+def plan_epoch(lengths: np.ndarray, config: PlanConfig, epoch: int) -> Plan:
+    """Plan one epoch from checked input: lengths (N,) int64 >= 0 (as
+    ``coerce_lengths`` returns them), a built ``PlanConfig`` (its options
+    already checked against its planner), an int epoch."""
+    c = config
+    p = PLANNERS[c.planner]
+    resolved = {o.name: o.default for o in p.options or ()}  # defaults for the options not given
+    resolved.update(c.planner_options)
+    if lengths.size:
         # One overflow guard, owned by the cost model the plan balances under.
-        lmax = int(arr.max())
-        cap = min(size, arr.size)  # a cap above N never binds
-        p.cost_model(resolved).check_range(lmax, min(tokens, cap * max(lmax, 1) + 1), cap, world)
-    return p.plan(arr, tokens, size, world, shuffle, drop_last, seed, epoch, **resolved)
+        lmax = int(lengths.max())
+        cap = min(c.max_batch_size, lengths.size)  # a cap above N never binds
+        p.cost_model(resolved).check_range(lmax, min(c.max_batch_tokens, cap * max(lmax, 1) + 1), cap, c.world_size)
+    return p.plan(lengths, c.max_batch_tokens, c.max_batch_size, c.world_size, c.shuffle, c.drop_last, c.seed, epoch,
+                  **resolved)

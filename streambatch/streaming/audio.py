@@ -51,7 +51,7 @@ def wav_info(head: bytes, member_size: int) -> tuple[int, int]:
             _, _, rate, _, block_align = struct.unpack_from("<HHIIH", head, body)
         elif cid == b"data":
             if not block_align:
-                raise ValueError("WAV data chunk before its fmt chunk")
+                raise ValueError("WAV fmt chunk gives block align 0" if rate else "WAV data chunk before its fmt chunk")
             if csize == 0xFFFFFFFF and ds64_data is not None:
                 csize = ds64_data
             elif csize in (0, 0xFFFFFFFF):  # written as a stream: the data runs to the end
@@ -90,15 +90,19 @@ def audio_info(data: bytes, ext: str, member_size: int) -> tuple[int, int]:
     Raises NeedMoreBytes when ``data`` is a prefix too short to decide.
     """
     if ext == "wav":
-        return wav_info(data, member_size)
-    if ext == "flac":
-        return flac_info(data)
-    if len(data) < member_size:
-        raise NeedMoreBytes
-    import soundfile  # optional: only for containers without a fixed header
+        frames, rate = wav_info(data, member_size)
+    elif ext == "flac":
+        frames, rate = flac_info(data)
+    else:
+        if len(data) < member_size:
+            raise NeedMoreBytes
+        import soundfile  # optional: only for containers without a fixed header
 
-    info = soundfile.info(io.BytesIO(data))
-    return int(info.frames), int(info.samplerate)
+        info = soundfile.info(io.BytesIO(data))
+        frames, rate = int(info.frames), int(info.samplerate)
+    if rate <= 0:  # seconds = frames / rate
+        raise ValueError(f"the header gives sample rate {rate}")
+    return frames, rate
 
 
 def decode_audio(sample: dict[str, Any]) -> dict[str, Any]:

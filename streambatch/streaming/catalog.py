@@ -1,72 +1,85 @@
 """The shard catalog: every shard's URL and sidecar, checked once up front.
 
-Holds O(shards) metadata only (sample counts, digests). Per-sample arrays are
-read from the sidecars window by window, so memory follows the window.
+Holds O(shards) metadata (sample counts, sidecar digests) plus every
+sample's planning length as read at open time, in the narrowest integer type
+that fits (2 bytes per sample for lengths < 65,536, else 4 or 8: 200 MB for
+100M short utterances). Planning never re-reads lengths, so a sidecar
+rewritten while a job runs (another ``--frames-per-second``, ``--force``)
+cannot make ranks plan differently. The keys and byte positions needed to
+read samples are read window by window and checked against the sidecar
+digest recorded at open: a shard re-indexed with other positions is a
+``ShardError``, never a silent mix of old and new.
 """
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import os
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
+from .errors import ShardError
 from .lengths import length_spec
 from .reader import expand_urls, is_local
 from .catalog_file import is_catalog, read_catalog
+from .remote import is_remote
 from .remote_index import exists
-from .sidecar import read_arrays, read_meta, sidecar_path, staleness
+from .sidecar import VERIFY_MODES, SidecarFile, _digest, sidecar_path, staleness
+
+_OUT_OF_RESOURCES = (errno.EMFILE, errno.ENFILE, errno.ENOMEM)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class Catalog:
     """urls: shard URLs in the order given; sidecars: their sidecar paths;
-    counts: (S,) int64 samples per shard; digests: per-sidecar content hash.
-
-    From a catalog file (``catalog_file.py``) also: sizes (S,) int64 (-1:
-    unknown) and etags of the shards as indexed, and every planning length
-    (``packed``, shard after shard; ``starts`` (S + 1,) int64 cut points),
-    so planning opens no sidecar. storage_options reach remote sidecars.
-    """
+    counts: (S,) int64 samples per shard; digests: per-sidecar content hash,
+    as opened. ``lengths(s)`` comes from memory, ``table(s)`` from the sidecar.
+    sizes: (S,) int64 shard bytes as indexed (-1: unknown) and etags (S,) str
+    ('' : unknown), for remote shards; storage_options reach remote sidecars.
+    A catalog file (``catalog_file.py``) gives all of these in one read."""
 
     urls: tuple[str, ...]
     sidecars: tuple[str, ...]
     counts: np.ndarray
     digests: tuple[str, ...]
-    sizes: np.ndarray | None = None
-    etags: tuple[str, ...] | None = None
-    packed: np.ndarray | None = None
-    starts: np.ndarray | None = None
-    storage_options: dict | None = field(default=None, repr=False, compare=False)
+    all_lengths: np.ndarray = field(repr=False)  # (N,) uint16/uint32/int64, shard after shard
+    starts: np.ndarray = field(repr=False)  # (S + 1,) int64 offsets of each shard's lengths
+    sizes: np.ndarray | None = field(default=None, repr=False)
+    etags: tuple[str, ...] | None = field(default=None, repr=False)
+    storage_options: dict | None = field(default=None, repr=False)
 
     @property
     def num_samples(self) -> int:
         return int(self.counts.sum())
 
     def lengths(self, shard: int) -> np.ndarray:
-        """(n,) int64 planning lengths of one shard's samples, in tar order."""
-        if self.packed is not None:
-            return self.packed[self.starts[shard] : self.starts[shard + 1]].astype(np.int64)
-        (lengths,) = read_arrays(self.sidecars[shard], ("lengths",), self.storage_options)
-        self._check(shard, lengths)
-        return lengths
+        """(n,) int64 planning lengths of one shard's samples, in tar order,
+        as they were when the catalog was opened."""
+        return self.all_lengths[self.starts[shard] : self.starts[shard + 1]].astype(np.int64)
 
     def table(self, shard: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """(keys (n,) bytes, offsets (n,) int64, sizes (n,) int64) of one shard."""
-        keys, offsets, sizes = read_arrays(self.sidecars[shard], ("keys", "offsets", "sizes"), self.storage_options)
-        self._check(shard, keys)
-        return keys, offsets, sizes
-
-    def _check(self, shard: int, arr: np.ndarray) -> None:
-        # The sidecar was replaced after the catalog was opened: every rank must
-        # plan from the same sidecars, so refuse rather than plan differently.
-        if arr.shape[0] != self.counts[shard]:
-            raise ValueError(
-                f"sidecar {self.sidecars[shard]} changed while streaming ({arr.shape[0]} samples, "
-                f"{self.counts[shard]} when opened); do not re-index shards during training"
+        """(keys (n,) bytes, offsets (n,) int64, sizes (n,) int64) of one
+        shard, validated, and the same as when the catalog was opened."""
+        path, url = self.sidecars[shard], self.urls[shard]
+        try:
+            with SidecarFile(path, self.storage_options) as sc:
+                keys, offsets, sizes = sc.table()
+        except OSError as exc:
+            if exc.errno in _OUT_OF_RESOURCES:
+                raise  # not a broken shard: on_error="skip" must not hide it
+            raise ShardError(f"cannot read sidecar {path} of shard {url}: {exc}") from exc
+        arrays = {"keys": keys, "lengths": self.lengths(shard), "offsets": offsets, "sizes": sizes}
+        if keys.shape[0] != self.counts[shard] or _digest(arrays) != self.digests[shard]:
+            raise ShardError(
+                f"sidecar {path} changed since this job opened it: the keys or byte positions of shard {url}'s "
+                "samples differ (the shard was replaced and re-indexed, or the sidecar damaged); the job cannot "
+                "read that shard's samples as planned. Do not replace shards during training; restart the job"
             )
+        return keys, offsets, sizes
 
     def fingerprint(self) -> str:
         """Hash of URLs and sidecar digests: equal on ranks that see the same data."""
@@ -76,17 +89,52 @@ class Catalog:
         return h.hexdigest()
 
 
+def _narrow(lengths: np.ndarray) -> np.ndarray:
+    top = int(lengths.max()) if lengths.size else 0
+    for dtype in (np.uint16, np.uint32):
+        if top <= np.iinfo(dtype).max:
+            return lengths.astype(dtype)
+    return lengths
+
+
+def _load(url: str, path: str, spec, storage_options: dict | None = None) -> tuple[dict, np.ndarray | None, str | None]:
+    """(meta, lengths, why unusable) of one sidecar; lengths only if usable."""
+    if not exists(path, storage_options):
+        return {}, None, "no sidecar"
+    try:
+        with SidecarFile(path, storage_options) as sc:
+            why = staleness(url, sc.meta, verify="stat")
+            if why is None and spec is not None and sc.meta["length_from"] != spec.describe():
+                why = f"lengths came from {sc.meta['length_from']!r}, not {spec.describe()!r}"
+            if why is not None:
+                return sc.meta, None, f"stale sidecar: {why}"
+            sc.header_check()  # every array's dtype and shape, before planning from this sidecar
+            return sc.meta, _narrow(sc.lengths()), None
+    except ShardError as exc:
+        return {}, None, f"unreadable sidecar ({exc})"
+    except OSError as exc:
+        if exc.errno in _OUT_OF_RESOURCES:
+            raise
+        return {}, None, f"unreadable sidecar ({exc})"
+
+
 def open_catalog(urls: Any, *, index_dir: str | None = None, index_missing: bool = False,
                  length_from: Any = None, frames_per_second: Any = None, index_workers: int | None = 1,
-                 url_hint: str | None = None, storage_options: dict | None = None) -> Catalog:
-    """Find and check every shard's sidecar, or read a catalog file
-    (``urls`` = ``.../NAME.catalog.npz``, local or remote: one request).
+                 url_hint: str | None = None, verify: str = "stat", storage_options: dict | None = None) -> Catalog:
+    """Find and check every shard's sidecar, and read every sample's length;
+    or read a catalog file (``urls`` = ``.../NAME.catalog.npz``, local or
+    remote: one request, no sidecar opened).
 
-    A missing or stale sidecar is an error naming the ``streambatch index``
-    command to run; with ``index_missing`` local shards are indexed here
-    instead (``length_from`` then says how). If ``length_from`` is given,
-    sidecars written with another length source count as stale.
+    A missing, stale or invalid sidecar is an error naming the ``streambatch
+    index`` command to run; with ``index_missing`` local shards are indexed
+    here instead (``length_from`` then says how). If ``length_from`` is given,
+    sidecars written with another length source count as stale. ``verify``:
+    ``"stat"`` (size, mtime, head/tail probe) or ``"full"`` (also re-hash
+    every shard and compare with the content digest taken at index time; see
+    ``sidecar.py`` for what each guarantees).
     """
+    if verify not in VERIFY_MODES:
+        raise ValueError(f"verify must be one of {VERIFY_MODES}, got {verify!r}")
     if is_catalog(urls):
         return _from_file(os.fspath(urls), length_from, frames_per_second, storage_options)
     urls = expand_urls(urls)
@@ -98,25 +146,19 @@ def open_catalog(urls: Any, *, index_dir: str | None = None, index_missing: bool
             "shards indexed into one index_dir need distinct file names"
         )
     spec = length_spec(length_from, frames_per_second) if length_from is not None else None
-    bad: list[tuple[int, str]] = []
-    metas: list[dict | None] = []
-    for i, (url, path) in enumerate(zip(urls, paths)):
-        meta = None
-        if not exists(path, storage_options):
-            bad.append((i, "no sidecar"))
-        else:
-            try:
-                meta = read_meta(path, storage_options)
-            except Exception as exc:
-                bad.append((i, f"unreadable sidecar ({exc})"))
-            else:
-                why = staleness(url, meta)
-                if why is None and spec is not None and meta.get("length_from") != spec.describe():
-                    why = f"lengths came from {meta.get('length_from')!r}, not {spec.describe()!r}"
-                if why is not None:
-                    bad.append((i, f"stale sidecar: {why}"))
-                    meta = None
-        metas.append(meta)
+    if any(is_remote(p) for p in paths):  # one request each: overlap them
+        with ThreadPoolExecutor(16) as pool:
+            loaded = list(pool.map(lambda up: _load(up[0], up[1], spec, storage_options), zip(urls, paths)))
+    else:
+        loaded = [_load(url, path, spec) for url, path in zip(urls, paths)]
+    if verify == "full":
+        ok = [i for i, (_, lens, _) in enumerate(loaded) if lens is not None]
+        with ThreadPoolExecutor(min(8, os.cpu_count() or 1)) as pool:  # hashing and reads release the GIL
+            whys = list(pool.map(lambda i: staleness(urls[i], loaded[i][0], verify="full"), ok))
+        for i, why in zip(ok, whys):
+            if why is not None:
+                loaded[i] = ({}, None, f"stale sidecar: {why}")
+    bad = [(i, why) for i, (_, _, why) in enumerate(loaded) if why is not None]
     if bad:
         fixable = [i for i, _ in bad if is_local(urls[i])]
         if index_missing and len(fixable) == len(bad):
@@ -125,13 +167,17 @@ def open_catalog(urls: Any, *, index_dir: str | None = None, index_missing: bool
             index_shards([urls[i] for i in fixable], length_from=spec or length_spec(), index_dir=index_dir,
                          workers=index_workers, progress=False, force=True)
             for i in fixable:
-                metas[i] = read_meta(paths[i])
+                with SidecarFile(paths[i]) as sc:
+                    loaded[i] = (sc.meta, _narrow(sc.lengths()), None)
         else:
             raise FileNotFoundError(_missing_message(urls, bad, index_dir, index_missing, url_hint, spec))
-    counts = np.array([m["samples"] for m in metas], dtype=np.int64)
-    sizes = np.array([m["size"] if m.get("size") is not None else -1 for m in metas], dtype=np.int64)
-    return Catalog(tuple(urls), tuple(paths), counts, tuple(m["digest"] for m in metas), sizes,
-                   tuple(m.get("etag") or "" for m in metas), storage_options=storage_options)
+    counts = np.array([m["samples"] for m, _, _ in loaded], dtype=np.int64)
+    parts = [lens for _, lens, _ in loaded]
+    all_lengths = np.concatenate(parts) if parts else np.zeros(0, np.uint16)
+    starts = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+    sizes = np.array([m["size"] if m.get("size") is not None else -1 for m, _, _ in loaded], dtype=np.int64)
+    return Catalog(tuple(urls), tuple(paths), counts, tuple(m["digest"] for m, _, _ in loaded), all_lengths, starts,
+                   sizes, tuple(m.get("etag") or "" for m, _, _ in loaded), storage_options)
 
 
 def _from_file(path: str, length_from: Any, frames_per_second: Any, storage_options: dict | None) -> Catalog:
@@ -143,7 +189,7 @@ def _from_file(path: str, length_from: Any, frames_per_second: Any, storage_opti
                              "re-index with the same --length-from/--frames-per-second or drop length_from")
     starts = np.concatenate([[0], np.cumsum(c["counts"])]).astype(np.int64)
     return Catalog(tuple(c["urls"]), tuple(c["sidecars"]), c["counts"].astype(np.int64), tuple(c["digests"]),
-                   c["sizes"], tuple(c["etags"]), c["lengths"], starts, storage_options)
+                   c["lengths"], starts, c["sizes"], tuple(c["etags"]), storage_options)
 
 
 def _first_duplicate(paths: list[str]) -> tuple[int, int] | None:

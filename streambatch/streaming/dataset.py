@@ -2,38 +2,34 @@
 
 from __future__ import annotations
 
-import hashlib
 import logging
-import multiprocessing.context
 from collections.abc import Callable
-from multiprocessing.sharedctypes import RawArray
 from typing import Any
 
 import numpy as np
 import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
-from ..planners import check_planner, make_plan
-from ..torch_glue.distributed import check_same_everywhere, is_distributed, resolve_world
-from ..core.validation import check_budget, check_flag, check_int, check_seed
+from ..core import state as S
+from ..core.config import check_epoch
+from ..core.long_samples import check_max_length, too_long
+from ..core.validation import check_flag, check_int
+from ..planners import RECOMMENDED, plan_epoch
+from ..torch_glue.distributed import active, agree, guess_world, is_distributed, resolve_world, will_check
+from .affinity import warm_up as warm_up_affine
 from .audio import decode_audio
 from .catalog import Catalog, open_catalog
-from .errors import ShardError
-from .reader import LocalReader, expand_urls, is_local
 from .catalog_file import catalog_urls, is_catalog
+from .errors import ShardError
+from .position import SharedState, read_position
+from .reader import LocalReader, expand_urls, is_local
 from .remote import RetryPolicy
 from .remote_io import RemoteIO, check_identity, lookahead
 from .tar import parse_sample
-from .affinity import warm_up as warm_up_affine
 from .window import EpochSummary, WindowConfig, check_read_mode, default_window, iter_windows, summarize
 
 log = logging.getLogger("streambatch.streaming")
 
-STATE_VERSION = 1
-# Shared block: [epoch, resume epoch (-1: none), resume step]. Lives in shared
-# memory so that set_epoch / load_state_dict in the main process reach
-# persistent DataLoader workers, which hold copies of the dataset.
-_EPOCH, _RESUME_EPOCH, _RESUME_STEP = 0, 1, 2
 
 
 class StreamingBatches(IterableDataset):
@@ -55,7 +51,15 @@ class StreamingBatches(IterableDataset):
     urls: brace pattern, path or list of shard URLs; each needs a sidecar
         (``streambatch index``), or pass ``index_missing=True`` for local files.
     max_batch_tokens, max_batch_size, planner, **planner_options: as for
-        ``make_plan``; each window is planned with them.
+        ``make_plan``; each window is planned with them. The planner defaults
+        to ``"bucketed"`` (streaming has no seed sampler to reproduce, and it
+        balances and pads best; ``DynamicBatchSampler`` keeps ``"greedy"``).
+    max_length, long_samples: samples longer than ``max_length`` (length
+        units, as in the sidecars) are never planned nor read
+        (``long_samples="drop"``: counted in ``num_too_long`` and
+        ``epoch_summary().too_long``, and logged) or make the constructor raise
+        naming the shard (``"raise"``; it reads every sidecar once). None
+        (default): no limit.
     window_samples: samples per planning window (consecutive shards are
         grouped until they hold this many). Larger windows shuffle more widely
         and balance better; memory is one window's sidecar arrays (~50 bytes
@@ -71,7 +75,9 @@ class StreamingBatches(IterableDataset):
         ``"shard"`` otherwise. Shard mode plans with its own walk: ``planner``
         is not used there, and ``planner_options`` are the bucketed
         planner's (``cost``, ``max_step_cost``).
-    rank, world_size: default to ``torch.distributed`` when initialised, else 0/1.
+    rank, world_size: default to ``torch.distributed`` when initialised, else
+        0/1 (an error when a launcher started several processes, or with
+        ``rank=None`` and ``world_size > 1``).
     length_from, frames_per_second: how lengths are computed when indexing on
         the fly; if given, sidecars made another way count as stale.
     decode: None (raw bytes), ``"audio"`` (audio -> (float32 tensor (C, T),
@@ -80,188 +86,209 @@ class StreamingBatches(IterableDataset):
         read or decoded is logged, counted in ``num_skipped`` and left out of
         its batch; the batch is still yielded (possibly empty), so every rank
         takes the same steps.
-    verify: when ``torch.distributed`` is initialised, all-reduce a
-        fingerprint of shards, sidecars and config once at construction and
-        raise on every rank if any rank differs (no collectives afterwards,
-        none in DataLoader workers). Remote shards are also checked against
-        the size and ETag recorded at indexing (each rank checks 1/W of them).
+    verify: when ``torch.distributed`` is initialised and world_size > 1,
+        all-reduce a fingerprint of shards, sidecars and config at
+        construction and raise on every rank if any rank differs or failed
+        to build its dataset; a main-process ``load_state_dict`` checks the
+        same way that all ranks resume at the same position. No other
+        collectives, none in DataLoader workers. ``"full"`` also re-hashes
+        every shard and compares it with the content digest taken when it was
+        indexed (catches any edit; reads every byte once), instead of the cheap
+        size/mtime check. Remote shards are checked against the size and ETag
+        recorded at indexing (each rank checks 1/W of them) unless False.
     storage_options, cache_dir, prefetch_shards, prefetch_bytes, retry:
         remote shards (``s3://``, ``gs://``, ``https://``, ``hf://``, ``pipe:``;
-        see ``remote_io.RemoteIO``): fsspec options, the node-local cache
-        directory, how far ahead to download, and the ``RetryPolicy``.
+        ``urls`` may be a ``*.catalog.npz`` written by ``streambatch index``):
+        fsspec options (never logged), the node-local cache directory, how many
+        shard ranges (bytes) to download ahead per worker, and the
+        ``RetryPolicy`` (or a number of retries); see ``remote_io.RemoteIO``.
     """
 
     def __init__(self, urls: Any, max_batch_tokens: Any, max_batch_size: Any = 64, *,
                  window_samples: Any = None, read_mode: str | None = None, shuffle: bool = True,
                  drop_last: bool = False, seed: Any = 42,
-                 rank: Any = None, world_size: Any = None, planner: str = "greedy",
+                 rank: Any = None, world_size: Any = None, planner: str = RECOMMENDED,
                  index_dir: str | None = None, index_missing: bool = False, length_from: Any = None,
                  frames_per_second: Any = None, index_workers: Any = 1, decode: Any = None,
                  collate_fn: Callable | None = None, on_error: str = "raise", verify: bool = True,
-                 storage_options: dict | None = None, cache_dir: str | None = None, prefetch_shards: Any = 4,
-                 prefetch_bytes: Any = None, retry: Any = None, **planner_options: Any):
+                 max_length: Any = None, long_samples: str = "drop", storage_options: dict | None = None,
+                 cache_dir: str | None = None, prefetch_shards: Any = 4, prefetch_bytes: Any = None,
+                 retry: Any = None, **planner_options: Any):
         super().__init__()
-        tokens = check_budget(max_batch_tokens)
-        size = check_int("max_batch_size", max_batch_size, 1)
-        seed = check_seed(seed)
-        shuffle, drop_last = check_flag("shuffle", shuffle), check_flag("drop_last", drop_last)
-        index_missing, verify = check_flag("index_missing", index_missing), check_flag("verify", verify)
-        check_planner(planner)
-        if on_error not in ("raise", "skip"):
-            raise ValueError(f"on_error must be 'raise' or 'skip', got {on_error!r}")
-        if decode is not None and decode != "audio" and not callable(decode):
-            raise ValueError(f"decode must be None, 'audio' or a function of a sample dict, got {decode!r}")
-        if collate_fn is not None and not callable(collate_fn):
-            raise TypeError(f"collate_fn must be callable or None, got {type(collate_fn).__name__}")
-        rank, world_size = resolve_world(rank, world_size)
-        if read_mode is None:
-            shard_urls = catalog_urls(urls, storage_options) if is_catalog(urls) else expand_urls(urls)
-            read_mode = "sample" if all(is_local(u) for u in shard_urls) else "shard"
-        read_mode = check_read_mode(read_mode)
-        if window_samples is None:
-            window_samples = default_window(read_mode, world_size)
-        window = check_int("window_samples", window_samples, 1)
-        url_hint = urls if isinstance(urls, str) else None
-        if index_missing and is_distributed() and world_size > 1:
-            _index_share(urls, rank, world_size, index_dir, length_from, frames_per_second, index_workers)
-        self.config = WindowConfig(tokens, size, world_size, window, shuffle, drop_last, seed,
-                                   planner, tuple(sorted(planner_options.items())), read_mode)
-        failure = None
+        failure: BaseException | None = None
+        world: Any = world_size
         try:
-            self.catalog: Catalog = open_catalog(urls, index_dir=index_dir, index_missing=index_missing,
-                                                 length_from=length_from, frames_per_second=frames_per_second,
-                                                 index_workers=index_workers, url_hint=url_hint,
-                                                 storage_options=storage_options)
-            if verify:  # remote shards changed since indexing: fail now, not mid-epoch
-                check_identity(self.catalog, rank, world_size, storage_options,
-                               retry if isinstance(retry, RetryPolicy) else None)
-            h = hashlib.blake2b(digest_size=8)
-            h.update((self.catalog.fingerprint() + repr(self.config.key())).encode())
-            self.fingerprint = h.hexdigest()
-        except (OSError, ValueError, TypeError, ImportError) as exc:
+            index_missing = check_flag("index_missing", index_missing)
+            if isinstance(verify, str) and verify != "full":
+                raise TypeError(f"verify must be True, False or 'full', got {verify!r}")
+            verify_shards = "full" if verify == "full" else "stat"
+            self.verify = True if verify_shards == "full" else check_flag("verify", verify)
+            rank, world = resolve_world(rank, world_size)
+            max_length, long_samples = check_max_length(max_length, long_samples)
+            if read_mode is None:
+                shard_urls = catalog_urls(urls, storage_options) if is_catalog(urls) else expand_urls(urls)
+                read_mode = "sample" if all(is_local(u) for u in shard_urls) else "shard"
+            read_mode = check_read_mode(read_mode)
+            if window_samples is None:
+                window_samples = default_window(read_mode, world)
+            self.config = WindowConfig.build(max_batch_tokens, max_batch_size, world, shuffle, drop_last, seed,
+                                             planner, planner_options, window_samples=window_samples,
+                                             read_mode=read_mode, max_length=max_length)
+            if on_error not in ("raise", "skip"):
+                raise ValueError(f"on_error must be 'raise' or 'skip', got {on_error!r}")
+            if decode is not None and decode != "audio" and not callable(decode):
+                raise ValueError(f"decode must be None, 'audio' or a function of a sample dict, got {decode!r}")
+            if collate_fn is not None and not callable(collate_fn):
+                raise TypeError(f"collate_fn must be callable or None, got {type(collate_fn).__name__}")
+            # Load the compiled planner now, so DataLoader workers forked later
+            # inherit it instead of each loading (or compiling) it again.
+            c = self.config
+            if read_mode == "shard":
+                warm_up_affine(c.max_batch_tokens, c.max_batch_size, world, c.options)
+            else:
+                plan_epoch(np.ones(world, dtype=np.int64), c, 0)
+        except Exception as exc:  # re-raised below, after every rank has heard of it
             failure = exc
-        if verify:
-            # A rank that failed to open its sidecars still joins the check
-            # (with fingerprint 0), so the others raise too instead of hanging.
+        if index_missing not in (False, 0, None) and is_distributed() and guess_world(world) > 1:
+            # Each rank indexes its share; the agreement doubles as the barrier
+            # after it, and carries any rank's failure to all ranks.
+            if failure is None:
+                try:
+                    _index_share(urls, rank, world, index_dir, length_from, frames_per_second, index_workers)
+                except Exception as exc:
+                    failure = exc
+            agree({"fingerprint": 0}, "indexing the missing shards", failure)
+        if failure is None:
             try:
-                check_same_everywhere(0 if failure else int(self.fingerprint, 16) >> 1,
-                                      "the streaming plan (shard list, sidecars or streaming settings)")
-            except ValueError:
-                if failure is None:
-                    raise
-        if failure is not None:
+                self.catalog: Catalog = open_catalog(
+                    urls, index_dir=index_dir, index_missing=index_missing, length_from=length_from,
+                    frames_per_second=frames_per_second, index_workers=index_workers,
+                    url_hint=urls if isinstance(urls, str) else None, verify=verify_shards,
+                    storage_options=storage_options)
+                if self.verify:  # remote shards changed since indexing: fail now, not mid-epoch
+                    check_identity(self.catalog, rank, world, storage_options,
+                                   retry if isinstance(retry, RetryPolicy) else None)
+                self.remote = RemoteIO.for_catalog(self.catalog, rank, storage_options=storage_options,
+                                                   cache_dir=cache_dir, prefetch_shards=prefetch_shards,
+                                                   prefetch_bytes=prefetch_bytes, retry=retry)
+                self.fingerprint = self.config.fingerprint(self.catalog.fingerprint())
+                if self.catalog.num_samples == 0:
+                    raise ValueError(f"the {len(self.catalog.urls)} shards hold no samples; check the shard list")
+                if long_samples == "raise":
+                    for i, url in enumerate(self.catalog.urls):
+                        too_long(self.catalog.lengths(i), max_length, long_samples, where=f" of shard {url}")
+            except Exception as exc:
+                failure = exc
+        if will_check(verify, world):
+            agree({"fingerprint": 0 if failure else self.fingerprint},
+                  "the streaming plan (shard list, sidecars or streaming settings)", failure)
+        elif failure is not None:
             raise failure
-        if self.catalog.num_samples == 0:
-            raise ValueError(f"the {len(self.catalog.urls)} shards hold no samples; check the shard list")
         self.rank = rank
-        self.world_size = world_size
+        self.world_size = world
         self.decode = decode_audio if decode == "audio" else decode
         self.collate_fn = collate_fn
         self.on_error = on_error
-        # Load the compiled planner now, so DataLoader workers forked later
-        # inherit it instead of each loading (or compiling) it again.
-        if read_mode == "shard":
-            warm_up_affine(tokens, size, world_size, planner_options)
-        else:
-            make_plan(np.ones(world_size, dtype=np.int64), tokens, size, world_size, planner=planner,
-                      **planner_options)
-        self._shared = RawArray("q", [0, -1, 0])
+        self._shared = SharedState()
         self._summaries: dict[int, EpochSummary] = {}
         self._pos: dict[str, Any] | None = None
         self._local_resume: dict[str, Any] | None = None
-        self.num_skipped = 0
+        self._slot = 0  # this process's skip counter: the main process's, or a worker's (set per pass)
         self.bytes_read = 0  # tar bytes this process read (files and streams)
-        self._stream_bytes = 0
-        self.remote = RemoteIO.for_catalog(self.catalog, rank, storage_options=storage_options, cache_dir=cache_dir,
-                                           prefetch_shards=prefetch_shards, prefetch_bytes=prefetch_bytes,
-                                           retry=retry)
 
     # ------------------------------------------------------------ epochs
 
     @property
     def epoch(self) -> int:
-        return int(self._shared[_EPOCH])
+        return self._shared.epoch
 
     def set_epoch(self, epoch: Any) -> None:
         """Select the epoch the next pass plans (shard order and windows)."""
-        epoch = check_int("epoch", epoch, 0)
-        self._shared[_EPOCH] = epoch
-        if self._shared[_RESUME_EPOCH] != epoch:
-            self._shared[_RESUME_EPOCH] = -1
+        self._shared.epoch = check_epoch(epoch)
 
     def set_start_batch(self, start: Any) -> None:
         """Make the next pass over the current epoch start at this rank's
-        ``start``-th batch (for resuming from a step count you saved)."""
-        n = len(self)
-        start = check_int("start", start, 0, n)
-        self._shared[_RESUME_EPOCH] = self.epoch
-        self._shared[_RESUME_STEP] = start
+        ``start``-th batch (for resuming from a step count you saved). Only
+        the next pass: later passes over the epoch start from its beginning."""
+        start = check_int("start", start, 0, len(self))
+        self._shared.set_resume(self.epoch, start)
+        self._pos = None
 
     def epoch_summary(self, epoch: Any = None) -> EpochSummary:
         """Steps, samples, padding and drops of an epoch, planned from the
         sidecars' lengths only (no tar is read). Cached per epoch."""
-        epoch = self.epoch if epoch is None else check_int("epoch", epoch, 0)
+        epoch = self.epoch if epoch is None else check_epoch(epoch)
         if epoch not in self._summaries:
-            self._summaries[epoch] = summarize(self.catalog.counts, self.catalog.lengths, self.config, epoch)
+            self._summaries[epoch] = summary = summarize(self.catalog.counts, self.catalog.lengths, self.config,
+                                                         epoch)
+            if summary.too_long and not self._summaries.keys() - {epoch}:  # once per dataset, not per epoch
+                log.warning("StreamingBatches: %d of %d samples are longer than max_length=%d and are left out",
+                            summary.too_long, self.catalog.num_samples, self.config.max_length)
         return self._summaries[epoch]
+
+    @property
+    def num_too_long(self) -> int:
+        """Samples longer than ``max_length``, left out of every epoch."""
+        return self.epoch_summary().too_long
 
     def __len__(self) -> int:
         """Batches this rank (every rank) yields in the current epoch."""
         return self.epoch_summary().steps
 
+    @property
+    def num_skipped(self) -> int:
+        """Samples skipped so far (``on_error="skip"``) by this rank: the main
+        process and all its DataLoader workers, continued from a loaded state."""
+        return self._shared.skipped()
+
     # ------------------------------------------------------------ state
 
     def state_dict(self) -> dict[str, Any]:
-        """Position of this process's latest pass: epoch and next step.
+        """Position of this process's latest pass (see ``streambatch.core.state``).
 
         In the main process (``num_workers=0``) ``step`` counts the batches
-        yielded. In a DataLoader worker (as torchdata's StatefulDataLoader
-        saves it) it is the next step this worker yields.
+        yielded and ``skipped`` the samples skipped by the main process and
+        its workers. In a DataLoader worker (as torchdata's StatefulDataLoader
+        saves it) ``step`` is the next step this worker yields and
+        ``skipped`` what this worker skipped. With a plain DataLoader and
+        workers, save your own step count and use ``set_start_batch``.
         """
         pos = self._pos
         if pos is None or pos["epoch"] != self.epoch:
-            pending = self._shared[_RESUME_EPOCH] == self.epoch
-            pos = {"epoch": self.epoch, "step": int(self._shared[_RESUME_STEP]) if pending else 0,
-                   "worker": None, "num_workers": 0}
-        return {"version": STATE_VERSION, "epoch": int(pos["epoch"]), "step": int(pos["step"]),
-                "worker": pos["worker"], "num_workers": pos["num_workers"], "world_size": self.world_size,
-                "fingerprint": self.fingerprint, "skipped": self.num_skipped}
+            pending = self._shared.pending(self.epoch)
+            pos = {"epoch": self.epoch, "step": pending or 0, "worker": None, "num_workers": 0}
+        worker = pos["worker"]
+        return {S.VERSION: S.STATE_VERSION, S.EPOCH: int(pos["epoch"]), S.STEP: int(pos["step"]), S.WORKER: worker,
+                S.NUM_WORKERS: pos["num_workers"], S.WORLD_SIZE: self.world_size, S.SEED: self.config.seed,
+                S.FINGERPRINT: self.fingerprint, S.CONFIG: self.config.describe(),
+                S.SKIPPED: self._shared.skipped(None if worker is None else SharedState.slot(worker))}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Resume where ``state`` was saved: the next pass over its epoch
         skips the steps already yielded, planning past them from the sidecar
-        lengths without reading their tar data."""
-        if not isinstance(state, dict) or state.get("version") != STATE_VERSION:
-            raise ValueError(f"not a StreamingBatches state (version {STATE_VERSION}): {state!r:.200}")
-        if state["world_size"] != self.world_size:
-            raise ValueError(
-                f"state was saved with world_size={state['world_size']}, this run has world_size="
-                f"{self.world_size}; resume with the same number of ranks (the plan depends on it)"
-            )
-        if state["fingerprint"] != self.fingerprint:
-            raise ValueError(
-                "state was saved for other shards, sidecars or settings (fingerprint "
-                f"{state['fingerprint']} != {self.fingerprint}); resume with the same shard list, sidecars, "
-                "max_batch_tokens, max_batch_size, window_samples, read_mode, shuffle, drop_last, seed and planner"
-            )
-        epoch = check_int("state['epoch']", state["epoch"], 0)
-        step = check_int("state['step']", state["step"], 0)
+        lengths without reading their tar data. Everything is checked before
+        anything changes. In the main process with ``verify`` under
+        torch.distributed this is a collective (all ranks must resume alike)."""
         info = get_worker_info()
-        if state["worker"] is not None:
-            if info is None or (info.id, info.num_workers) != (state["worker"], state["num_workers"]):
-                here = "the main process" if info is None else f"worker {info.id} of {info.num_workers}"
-                raise ValueError(
-                    f"state was saved by DataLoader worker {state['worker']} of {state['num_workers']} and is "
-                    f"being loaded in {here}; restore it through a StatefulDataLoader with "
-                    f"num_workers={state['num_workers']}, or save the main process's state instead"
-                )
-            self._local_resume = {"epoch": epoch, "step": step}
+        failure, pos = None, None
+        try:
+            pos = read_position(state, self, info)
+        except Exception as exc:
+            failure = exc
+        if info is None and self.verify and active(self.world_size):
+            agree({"fingerprint": self.fingerprint, "epoch": pos.epoch if pos else 0, "step": pos.step if pos else 0},
+                  "the resumed position" + (f" (epoch {pos.epoch}, step {pos.step})" if pos else ""), failure)
+        elif failure is not None:
+            raise failure
+        if pos.worker is not None:
+            self._local_resume = {"epoch": pos.epoch, "step": pos.step, "limit": pos.num_workers}
         elif info is not None:  # a main-process state loaded inside a worker
-            self._local_resume = {"epoch": epoch, "step": step + info.id}
+            self._local_resume = {"epoch": pos.epoch, "step": pos.step + info.id, "limit": info.num_workers}
         else:
-            self._shared[_EPOCH] = epoch
-            self._shared[_RESUME_EPOCH] = epoch
-            self._shared[_RESUME_STEP] = step
+            self._shared.set_resume(pos.epoch, pos.step)
+        # A main-process total restored in workers goes to worker 0 alone, so it is counted once.
+        mine = pos.skipped if pos.worker is not None or info is None or info.id == 0 else 0
+        self._shared.restore_skipped(SharedState.slot(None if info is None else info.id), mine)
         self._pos = None
 
     # ------------------------------------------------------------ iteration
@@ -269,31 +296,32 @@ class StreamingBatches(IterableDataset):
     def __iter__(self):
         info = get_worker_info()
         stride = info.num_workers if info is not None else 1
-        worker = info.id if info is not None else 0
+        worker = info.id if info is not None else None
         epoch = self.epoch
+        limit = 0
         if self._local_resume is not None:
-            epoch, start = self._local_resume["epoch"], self._local_resume["step"]
+            epoch, start, limit = self._local_resume["epoch"], self._local_resume["step"], self._local_resume["limit"]
             self._local_resume = None
-        elif self._shared[_RESUME_EPOCH] == epoch:
-            start = int(self._shared[_RESUME_STEP]) + worker
-            if info is None:  # the main process consumes a resume; workers cannot tell when all have
-                self._shared[_RESUME_EPOCH] = -1
         else:
-            start = worker
-        self._pos = {"epoch": epoch, "step": start, "worker": None if info is None else worker,
-                     "num_workers": 0 if info is None else stride}
-        return self._generate(epoch, start, stride)
+            resume = self._shared.claim(epoch, worker, stride)
+            start = (resume or 0) + (worker or 0)
+            limit = 0 if worker is None else stride
+        self._slot = SharedState.slot(worker)
+        self._pos = {"epoch": epoch, "step": start, "worker": worker, "num_workers": 0 if info is None else stride}
+        return self._generate(epoch, start, stride, limit)
 
-    def _generate(self, epoch: int, start: int, stride: int):
+    def _generate(self, epoch: int, start: int, stride: int, limit: int):
         reader = LocalReader()
-        # Remote shards: whole-shard downloads into a node-local cache, read by offset (remote_io.py).
+        # Remote shards: byte ranges downloaded whole into a node-local cache, read by offset (remote_io.py).
         info = get_worker_info()
         remote = self.remote.reader(self.catalog, self.rank, info.id if info is not None else 0, stride, start)
+        total = 0
         tables: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
         try:
             windows = iter_windows(self.catalog.counts, self.catalog.lengths, self.config, epoch)
             for win, nxt in lookahead(windows, remote is not None):
                 lo, hi = win.first_step, win.first_step + win.num_steps
+                total = hi
                 first = start if lo <= start else start + -(-(lo - start) // stride) * stride
                 steps = range(first, hi, stride)
                 if remote is not None:
@@ -308,8 +336,15 @@ class StreamingBatches(IterableDataset):
                     del tables[s]
                 for s in shards.tolist():
                     if s not in tables:
-                        remote_shard = remote is not None and not is_local(self.catalog.urls[s])
-                        tables[s] = remote.shard_table(s) if remote_shard else self.catalog.table(s)
+                        try:
+                            if remote is not None and not is_local(self.catalog.urls[s]):
+                                tables[s] = remote.shard_table(s)
+                            else:
+                                tables[s] = self.catalog.table(s)
+                        except ShardError as exc:
+                            if self.on_error == "raise":
+                                raise
+                            tables[s] = exc  # each of the shard's samples is skipped and counted below
                 reader.keep_only(self.catalog.urls[s] for s in shards.tolist())
                 for s, idx in zip(steps, batches):
                     batch = [x for x in (self._sample(win, i, tables, reader, remote) for i in idx.tolist())
@@ -319,6 +354,9 @@ class StreamingBatches(IterableDataset):
                     yield self.collate_fn(batch) if self.collate_fn is not None else batch
             if remote is not None:
                 remote.leave()
+            if start > total + limit:
+                raise ValueError(f"resuming at step {start} of epoch {epoch}, which has only {total} steps: the "
+                                 "state or start batch does not belong to this dataset")
         finally:
             self.bytes_read = reader.bytes_read + (remote.bytes_read if remote is not None else 0)
             reader.close()
@@ -328,11 +366,13 @@ class StreamingBatches(IterableDataset):
     def _sample(self, win, i: int, tables, reader: LocalReader, remote):
         shard = int(win.shard_ids[i])
         local = int(win.local[i])
-        keys, offsets, sizes = tables[shard]
         url = self.catalog.urls[shard]
-        offset, size = int(offsets[local]), int(sizes[local])
-        key = keys[local].decode("utf-8", "surrogateescape")
         try:
+            if isinstance(tables[shard], Exception):
+                raise tables[shard]
+            keys, offsets, sizes = tables[shard]
+            offset, size = int(offsets[local]), int(sizes[local])
+            key = keys[local].decode("utf-8", "surrogateescape")
             if is_local(url):
                 buf = reader.read(url, offset, size)
             else:
@@ -343,27 +383,17 @@ class StreamingBatches(IterableDataset):
                     sample = self.decode(sample)
                 except Exception as exc:
                     raise ShardError(f"decoding sample {key!r} of shard {url} (byte {offset}) failed: {exc!r}") from exc
+                if sample is None:
+                    raise ShardError(f"decode returned None for sample {key!r} of shard {url} (byte {offset}); "
+                                     "return the sample, or raise to have it skipped with on_error='skip'")
             return sample
         except ShardError as exc:
             if self.on_error == "raise":
                 raise
-            self.num_skipped += 1
-            log.warning("skipping a sample (on_error='skip', %d skipped so far): %s", self.num_skipped, exc)
+            self._shared.add_skip(self._slot)
+            log.warning("skipping a sample (on_error='skip', %d skipped by this process so far): %s",
+                        self._shared.skipped(self._slot), exc)
             return None
-
-    # ------------------------------------------------------------ pickling
-
-    def __getstate__(self):
-        state = self.__dict__.copy()
-        if multiprocessing.context.get_spawning_popen() is None:
-            # Plain pickling (checkpoints, deepcopy): shared memory cannot travel, values can.
-            state["_shared"] = list(self._shared)
-        return state
-
-    def __setstate__(self, state):
-        if isinstance(state["_shared"], list):
-            state["_shared"] = RawArray("q", state["_shared"])
-        self.__dict__.update(state)
 
     def __repr__(self) -> str:
         c = self.config

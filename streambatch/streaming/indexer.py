@@ -10,7 +10,6 @@ from __future__ import annotations
 import os
 import sys
 import time
-import json
 from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
 from typing import Any
@@ -25,17 +24,18 @@ from .reader import expand_urls, is_local, local_path, open_shard
 from .remote import is_remote
 from .remote_index import AUDIO_HEAD, READAHEAD, exists, open_ranged
 from .catalog_file import catalog_arrays, default_catalog_path, merge_parts, part_path, write_catalog
-from .sidecar import FORMAT, VERSION, read_arrays, shard_stat, sidecar_path, staleness, write_sidecar
+from .sidecar import HashingStream, SidecarFile, content_hasher, shard_stat, sidecar_path, staleness, write_sidecar
 from .tar import TarScanner, sample_groups
 
 
 def index_shard(url: str, spec: LengthSpec, storage_options: dict | None = None,
-                stat: dict | None = None) -> dict[str, np.ndarray]:
+                stat: dict | None = None, hasher=None) -> dict[str, np.ndarray]:
     """Scan one shard and return its sidecar arrays (see ``sidecar.py``).
 
     Local shards are scanned by seeking from header to header, reading only
     the members (or member heads) that ``spec`` needs; so are remote (fsspec)
-    shards, through small ranged reads (``remote_index.py``); pipes are read whole.
+    shards, through small ranged reads (``remote_index.py``); pipes are read
+    whole (and fed to ``hasher``, a hashlib object, if given).
     """
     remote = is_remote(url)
     seekable = is_local(url) or remote
@@ -60,6 +60,8 @@ def index_shard(url: str, spec: LengthSpec, storage_options: dict | None = None,
         f = open_ranged(url, stat["size"], storage_options, readahead=1 << 20 if spec.needs_all_members() else READAHEAD)
     else:
         f = open_shard(url, seekable)
+        if hasher is not None and not seekable:
+            f = HashingStream(f, hasher)
     try:
         for sample in sample_groups(TarScanner(f, url), want):
 
@@ -72,7 +74,7 @@ def index_shard(url: str, spec: LengthSpec, storage_options: dict | None = None,
 
             where = f"shard {url}, sample {sample.key!r} at byte {sample.offset}"
             lengths.append(length_of(spec, sample.members, sample.sizes, reread, where))
-            keys.append(sample.key.encode("utf-8"))
+            keys.append(sample.key.encode("utf-8", "surrogateescape"))  # non-UTF-8 names round-trip, as in webdataset
             offsets.append(sample.offset)
             sizes.append(sample.end - sample.offset)
             end = sample.end
@@ -122,8 +124,13 @@ def _init_worker(spec: LengthSpec) -> None:
 def _index_one(url: str, path: str, spec: LengthSpec | None = None, storage_options: dict | None = None,
                stat: dict | None = None) -> tuple[np.ndarray, dict]:
     spec = spec or _WORKER_SPEC
-    stat = stat or shard_stat(url, storage_options)
-    arrays = index_shard(url, spec, storage_options, stat)
+    stat = stat or shard_stat(url, storage_options)  # before the scan: a shard changed meanwhile then shows as stale
+    if stat:
+        arrays = index_shard(url, spec, storage_options, stat)
+    else:  # a pipe is read whole by the scan: take its content digest on the way
+        h = content_hasher()
+        arrays = index_shard(url, spec, hasher=h)
+        stat = {"content": h.hexdigest()}
     meta = write_sidecar(path, url, arrays, spec, stat, storage_options)
     return arrays["lengths"], meta
 
@@ -134,15 +141,12 @@ def _current(url: str, path: str, spec: LengthSpec, storage_options: dict | None
     try:
         if not exists(path, storage_options):
             return None, None, stat
-        lengths, raw = read_arrays(path, ("lengths", "meta"), storage_options)
-        meta = json.loads(raw.tobytes().decode())
-    except Exception:
-        return None, None, stat
-    if meta.get("format") != FORMAT or meta.get("version") != VERSION:
-        return None, None, stat
-    if meta.get("length_from") != spec.describe() or staleness(url, meta, stat) is not None:
-        return None, None, stat
-    return lengths, meta, stat
+        with SidecarFile(path, storage_options) as sc:
+            if sc.meta["length_from"] == spec.describe() and staleness(url, sc.meta, stat) is None:
+                return sc.lengths(), sc.meta, stat
+    except (ShardError, OSError):
+        pass  # unreadable or invalid: index it again
+    return None, None, stat
 
 
 def _progress(total: int, enabled: bool):

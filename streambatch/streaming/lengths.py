@@ -10,8 +10,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from ..core.units import check_fps, seconds_to_frames
-from .audio import NeedMoreBytes, audio_ext, audio_info
+from ..core.units import MAX_LENGTH, check_fps, seconds_to_frames
+from .audio import AUDIO_EXTS, NeedMoreBytes, audio_ext, audio_info
 
 
 @dataclass(frozen=True)
@@ -52,22 +52,42 @@ class LengthSpec:
         return True
 
     def to_length(self, value: Any, where: str) -> int:
+        """``value`` (seconds with ``frames_per_second``, else a count) as a
+        length in [0, 2**62); anything else is a one-line ValueError that
+        starts with ``where`` (the shard and sample)."""
         if isinstance(value, bool) or not isinstance(value, numbers.Real):
-            raise ValueError(f"{where}: length source {self.describe()!r} gave {value!r}, not a number")
-        v = float(value)
-        if not math.isfinite(v) or v < 0:
-            raise ValueError(f"{where}: length source {self.describe()!r} gave {value!r}; lengths must be finite and >= 0")
+            raise ValueError(f"{where}: length source {self.describe()!r} gave {_show(value)}, not a number")
+        try:
+            v = float(value)
+        except OverflowError:  # an int beyond the float range
+            v = math.inf
+        if math.isnan(v) or v < 0 or (math.isinf(v) and not isinstance(value, numbers.Integral)):
+            raise ValueError(f"{where}: length source {self.describe()!r} gave {_show(value)}; lengths must be "
+                             "finite and >= 0")
         if self.frames_per_second is not None:
             try:
+                if math.isinf(v):
+                    raise ValueError(f"a duration of {_show(value)} s is beyond any limit")
                 return seconds_to_frames(v, self.frames_per_second)
             except ValueError as exc:
                 raise ValueError(f"{where}: {exc}") from None
-        if v != math.floor(v):
+        exact = int(value) if isinstance(value, numbers.Integral) else None
+        if exact is None and v != math.floor(v):
             raise ValueError(
-                f"{where}: length source {self.describe()!r} gave {value!r}, a fraction; pass "
+                f"{where}: length source {self.describe()!r} gave {_show(value)}, a fraction; pass "
                 "frames_per_second (e.g. 50) to turn seconds into frame counts"
             )
-        return int(v)
+        n = exact if exact is not None else int(v)
+        if n >= MAX_LENGTH:
+            raise ValueError(f"{where}: length source {self.describe()!r} gave {_show(value)}, beyond the limit "
+                             "of 2**62; check the units (a count of frames or tokens is expected, or pass "
+                             "frames_per_second for seconds)")
+        return n
+
+
+def _show(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else f"{text[:20]}...({len(text)} characters)"
 
 
 def length_spec(length_from: Any = "json:duration", frames_per_second: Any = None) -> LengthSpec:
@@ -91,8 +111,18 @@ def length_spec(length_from: Any = "json:duration", frames_per_second: Any = Non
 
 
 def length_of(spec: LengthSpec, members: dict[str, bytes], sizes: dict[str, int], reread, where: str) -> int:
+    """The planning length of one sample; ``where`` names its shard and key.
+
+    members: suffix -> the bytes read (whole, or a head for audio on files);
+    sizes: suffix -> member size; reread(suffix) -> the whole member. Every
+    failure is a one-line ValueError starting with ``where``.
+    """
     if spec.source == "fn":
-        return spec.to_length(spec.fn(members), where)
+        try:
+            value = spec.fn(members)
+        except Exception as exc:  # the user's function: report it with the sample it failed on
+            raise ValueError(f"{where}: the length function {spec.describe()!r} raised {exc!r}") from exc
+        return spec.to_length(value, where)
     if spec.source == "json":
         name = next((s for s in members if spec.wants(s)), None)
         if name is None:
@@ -101,20 +131,27 @@ def length_of(spec: LengthSpec, members: dict[str, bytes], sizes: dict[str, int]
             value = json.loads(members[name])
             for part in spec.field:
                 value = value[part]
-        except (ValueError, KeyError, TypeError, IndexError) as exc:
-            raise ValueError(f"{where}: cannot read field {'.'.join(spec.field)!r} of member {name!r}: {exc!r}") from None
+        except (ValueError, KeyError, TypeError, IndexError, RecursionError) as exc:
+            raise ValueError(f"{where}: cannot read field {'.'.join(spec.field)!r} of member {name!r}: "
+                             f"{_show(exc)}") from None
         return spec.to_length(value, where)
     name = next((s for s in members if spec.wants(s)), None)
     if name is None:
-        raise ValueError(f"{where}: no audio member ({spec.suffix or '/'.join(('flac', 'wav', 'ogg', 'opus', 'mp3'))}) to measure")
+        raise ValueError(f"{where}: no audio member ({spec.suffix or '/'.join(AUDIO_EXTS)}) to measure")
     ext = audio_ext(name) or spec.suffix
     try:
         try:
             frames, rate = audio_info(members[name], ext, sizes[name])
         except NeedMoreBytes:
+            if len(members[name]) >= sizes[name]:
+                raise  # it was the whole member already
             frames, rate = audio_info(reread(name), ext, sizes[name])
-    except (ValueError, RuntimeError) as exc:
-        raise ValueError(f"{where}: cannot read the header of audio member {name!r}: {exc}") from None
+    except NeedMoreBytes:
+        raise ValueError(f"{where}: audio member {name!r} is truncated: its header runs past the member's "
+                         f"{sizes[name]} bytes") from None
+    except Exception as exc:  # parsers and soundfile on untrusted bytes
+        msg = " ".join(str(exc).split()) or type(exc).__name__
+        raise ValueError(f"{where}: cannot read the header of audio member {name!r}: {msg}") from None
     if spec.frames_per_second is None:
-        return frames
+        return spec.to_length(frames, where)
     return spec.to_length(frames / rate, where)

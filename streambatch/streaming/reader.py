@@ -9,8 +9,10 @@ as they do there.
 
 from __future__ import annotations
 
+import errno
 import os
 import re
+from collections import OrderedDict
 from collections.abc import Iterable
 from urllib.parse import urlparse
 
@@ -106,34 +108,65 @@ def _refuse_compressed(url: str, magic: bytes) -> None:
         )
 
 
-class LocalReader:
-    """Reads sample bytes from local shards with ``os.pread``; one descriptor
-    per open shard, kept for the shards of the current window."""
+# Running out of descriptors or memory is the process's problem, not the
+# shard's: raised as OSError so that on_error="skip" does not hide it.
+OUT_OF_RESOURCES = (errno.EMFILE, errno.ENFILE, errno.ENOMEM)
 
-    def __init__(self):
-        self._fds: dict[str, tuple[int, int]] = {}
+
+class LocalReader:
+    """Reads sample bytes from local shards with ``os.pread``, keeping at most
+    ``max_open`` descriptors open (least recently used closed first), so a
+    window of thousands of small shards stays far below ``ulimit -n``."""
+
+    def __init__(self, max_open: int = 64):
+        if isinstance(max_open, bool) or not isinstance(max_open, int) or max_open < 1:
+            raise ValueError(f"max_open must be an integer >= 1, got {max_open!r}")
+        self.max_open = max_open
+        self._fds: OrderedDict[str, tuple[int, int]] = OrderedDict()
         self.bytes_read = 0
+
+    def _open(self, url: str) -> tuple[int, int]:
+        while len(self._fds) >= self.max_open:
+            os.close(self._fds.popitem(last=False)[1][0])
+        try:
+            fd = os.open(local_path(url), os.O_RDONLY)
+        except OSError as exc:
+            if exc.errno in OUT_OF_RESOURCES and self._fds:
+                self.close()  # give our own descriptors back and retry once
+                return self._open(url)
+            if exc.errno in OUT_OF_RESOURCES:
+                raise OSError(exc.errno, f"cannot open shard {url}: out of file descriptors ({exc.strerror}); "
+                                         "raise the limit (`ulimit -n`) or use fewer DataLoader workers") from exc
+            raise ShardError(f"cannot open shard {url}: {exc}") from exc
+        entry = (fd, os.fstat(fd).st_size)
+        self._fds[url] = entry
+        return entry
 
     def read(self, url: str, offset: int, size: int) -> bytes:
         entry = self._fds.get(url)
         if entry is None:
-            try:
-                fd = os.open(local_path(url), os.O_RDONLY)
-            except OSError as exc:
-                raise ShardError(f"cannot open shard {url}: {exc}") from exc
-            entry = (fd, os.fstat(fd).st_size)
-            self._fds[url] = entry
+            entry = self._open(url)
+        else:
+            self._fds.move_to_end(url)
         fd, file_size = entry
+        if offset < 0 or size < 0 or offset + size > file_size:  # checked before allocating the buffer
+            raise ShardError(
+                f"shard {url} is truncated: the sidecar has a sample at bytes {offset}..{offset + size} "
+                f"but the file has {file_size} bytes; re-index it with `streambatch index --force {url}` "
+                "or replace the shard"
+            )
         try:
             buf = os.pread(fd, size, offset)
         except OSError as exc:
+            if exc.errno in OUT_OF_RESOURCES:
+                raise
             raise ShardError(f"cannot read shard {url} at byte {offset}: {exc}") from exc
         self.bytes_read += len(buf)
         if len(buf) != size:
             raise ShardError(
                 f"shard {url} is truncated: the sidecar has a sample at bytes {offset}..{offset + size} "
-                f"but the file has {file_size} bytes; re-index it with `streambatch index --force {url}` "
-                "or replace the shard"
+                f"but the file now ends at byte {offset + len(buf)}; re-index it with "
+                f"`streambatch index --force {url}` or replace the shard"
             )
         return buf
 
@@ -153,14 +186,17 @@ class LocalReader:
             pass
 
 
-def read_stream_regions(url: str, regions: list[tuple[int, int]]) -> tuple[dict[int, bytes], int]:
+def read_stream_regions(url: str, regions: list[tuple[int, int]], out: dict[int, bytes] | None = None
+                        ) -> tuple[dict[int, bytes], int]:
     """Read byte regions ``(offset, size)`` from a non-seekable shard in one
     front-to-back pass, stopping after the last one.
 
     Returns ({offset: bytes}, bytes consumed from the stream). Everything
-    before the last region is read (and skipped ones discarded).
+    before the last region is read (and skipped ones discarded). Regions are
+    stored into ``out`` (if given) as they are read, so after a ``ShardError``
+    it holds the ones read before the failure.
     """
-    out: dict[int, bytes] = {}
+    out = {} if out is None else out
     pos = 0
     stream = open_stream(url)
     try:
@@ -174,7 +210,7 @@ def read_stream_regions(url: str, regions: list[tuple[int, int]]) -> tuple[dict[
                 pos += len(chunk)
             parts, need = [], size
             while need:
-                chunk = stream.read(need)
+                chunk = stream.read(min(need, _SKIP_CHUNK))  # a corrupt size must not allocate up front
                 if not chunk:
                     raise ShardError(f"shard {url} is truncated inside the sample at byte {offset}; re-index or replace it")
                 parts.append(chunk)

@@ -3,8 +3,9 @@ seeking, streams by reading), ``sample_groups`` groups the members of a scan
 into webdataset samples (one stage, shared by the indexer and the reader),
 and ``parse_sample`` turns one sample's bytes back into a sample dict.
 
-Unlike ``tarfile``, a corrupt header or truncated member anywhere is a
-``ShardError`` naming the shard and byte offset, never a silent early end.
+Unlike ``tarfile``, a corrupt header, a truncated member or a missing
+end-of-archive marker is a ``ShardError`` naming the shard and byte offset,
+never a silent early end, an endless loop or an unbounded allocation.
 """
 
 from __future__ import annotations
@@ -37,11 +38,15 @@ def member_key(name: str) -> tuple[str | None, str | None]:
     return prefix, suffix.lower()
 
 
-
 _BLOCK = 512
 _ZERO_BLOCK = bytes(_BLOCK)
 _PAX_TYPES = (tarfile.XHDTYPE, tarfile.XGLTYPE, tarfile.SOLARIS_XHDTYPE)
 _GNU_NAME_TYPES = (tarfile.GNUTYPE_LONGNAME, tarfile.GNUTYPE_LONGLINK)
+# Real pax / GNU long-name headers hold a path and a few numbers; a bigger one
+# is damage, and reading it whole would let one header allocate without bound.
+_MAX_EXTENDED = 1 << 20
+_PAX_LENGTH = re.compile(rb"([0-9]+) ")
+_DECIMAL = re.compile(r"[0-9]+")
 
 
 class TarEntry:
@@ -56,7 +61,11 @@ class TarEntry:
 
     @property
     def end(self) -> int:
-        return self.data_offset + -(-self.size // _BLOCK) * _BLOCK
+        return self.data_offset + _padded(self.size)
+
+
+def _padded(n: int) -> int:
+    return -(-n // _BLOCK) * _BLOCK
 
 
 class TarScanner:
@@ -64,22 +73,40 @@ class TarScanner:
 
     Header blocks are decoded with ``tarfile.TarInfo.frombuf`` (checksums,
     ustar prefixes, base-256 sizes); pax and GNU long-name records are applied
-    here. Unlike ``tarfile``, a corrupt header or truncated member anywhere is
-    an error naming the shard and byte offset, never a silent early end.
-    ``read_data(n)`` reads (part of) the current member's data; the rest is
-    skipped by seeking (files) or reading (streams).
+    here, strictly. Unlike ``tarfile``, damage anywhere is a ``ShardError``
+    naming the shard and byte offset, never a silent early end: with
+    ``require_end`` (whole shards) the archive must close with its
+    end-of-archive marker, two zero blocks followed by nothing but zeros
+    (writers pad to 10240-byte records), so a shard cut at a member boundary
+    or holding a zero block mid-way is reported. ``read_data(n)`` reads (part
+    of) the current member's data; the rest is skipped by seeking (files) or
+    reading (streams). Reads are chunked and member sizes checked against the
+    file size, so a corrupt size never allocates more than the data present.
     """
 
-    def __init__(self, f, url: str, base: int = 0):
+    def __init__(self, f, url: str, base: int = 0, *, seekable: bool | None = None, require_end: bool = True):
         self.f, self.url, self.pos = f, url, base
-        self.seekable = bool(getattr(f, "seekable", lambda: False)())
+        if seekable is None:
+            seekable = bool(getattr(f, "seekable", lambda: False)())
+        self.seekable = seekable
+        self.require_end = require_end
+        self._size: int | None = None  # the shard's size in scan positions (seekable files only)
+        if seekable:
+            here = f.tell()
+            self._size = base + f.seek(0, io.SEEK_END) - here
+            f.seek(here)
         self._data_left = 0
         self._pad = 0
+        self._done = False
+
+    def _truncated(self, at: int, what: str) -> ShardError:
+        return ShardError(f"shard {self.url} is truncated at byte {at}: {what}")
 
     def _read(self, n: int) -> bytes:
+        # Chunked, so a corrupt size on a stream allocates no more than the data that arrives.
         parts, need = [], n
-        while need:
-            chunk = self.f.read(need)
+        while need > 0:
+            chunk = self.f.read(min(need, _SKIP_CHUNK))
             if not chunk:
                 break
             parts.append(chunk)
@@ -98,7 +125,7 @@ class TarScanner:
         while n:
             got = len(self._read(min(n, _SKIP_CHUNK)))
             if not got:
-                raise ShardError(f"shard {self.url} is truncated at byte {self.pos}: a member's data runs past the end")
+                raise self._truncated(self.pos, "a member's data runs past the end")
             n -= got
 
     def read_data(self, n: int | None = None) -> bytes:
@@ -107,69 +134,120 @@ class TarScanner:
         buf = self._read(n)
         self._data_left -= len(buf)
         if len(buf) != n:
-            raise ShardError(f"shard {self.url} is truncated at byte {self.pos}: a member's data runs past the end")
+            raise self._truncated(self.pos, "a member's data runs past the end")
         return buf
 
+    def _check_fits(self, at: int, data_at: int, size: int) -> None:
+        if self._size is not None and data_at + _padded(size) > self._size:
+            raise self._truncated(at, f"the member there declares {size} bytes of data, which run to byte "
+                                      f"{data_at + _padded(size)}, past the end of the {self._size}-byte file")
+
     def _finish_member(self) -> None:
-        if self.seekable and self._data_left:
-            end = self.pos + self._data_left + self._pad
-            size = self.f.seek(0, io.SEEK_END)
-            if end > size:
-                raise ShardError(f"shard {self.url} is truncated: a member's data runs to byte {end}, the file has {size} bytes")
-            self.f.seek(end)
-            self.pos = end
-        else:
-            self._skip(self._data_left)
-            self._skip(self._pad)
+        self._skip(self._data_left)  # sizes were checked against the file when seekable
+        self._skip(self._pad)
         self._data_left = self._pad = 0
+
+    def _check_end(self, at: int) -> None:
+        """After a zero block at ``at``: a second one, then only zeros to EOF."""
+        second = self._read(_BLOCK)
+        if second != _ZERO_BLOCK:
+            if not second.strip(b"\0") and len(second) < _BLOCK:
+                raise self._truncated(at, "it ends inside its end-of-archive marker (one zero block of two)")
+            raise ShardError(
+                f"shard {self.url} has a zero block at byte {at} followed by data: a damaged or zeroed "
+                "header mid-shard, not the end-of-archive marker; replace the shard")
+        while True:
+            here = self.pos
+            chunk = self._read(_SKIP_CHUNK)
+            if not chunk:
+                return
+            rest = chunk.lstrip(b"\0")
+            if rest:
+                raise ShardError(
+                    f"shard {self.url} has data at byte {here + len(chunk) - len(rest)} after its end-of-archive "
+                    f"marker at byte {at}: a zeroed block mid-shard, or tars joined together; replace the shard")
 
     def __iter__(self):
         return self
 
     def __next__(self) -> TarEntry:
+        if self._done:
+            raise StopIteration
         self._finish_member()
         first = self.pos
         overrides: dict[str, str] = {}
         while True:
             start = self.pos
             block = self._read(_BLOCK)
-            if not block or block == _ZERO_BLOCK:  # end-of-archive marker (or a clean EOF)
+            if len(block) < _BLOCK or block == _ZERO_BLOCK:
+                if block and len(block) < _BLOCK:
+                    raise self._truncated(start, "half a tar header")
+                if first != start:
+                    if not block:
+                        raise self._truncated(start, "it ends after an extended header, before its member")
+                    raise ShardError(f"corrupt tar in shard {self.url} at byte {first}: an extended header "
+                                     "with no member after it")
+                if self.require_end:
+                    if not block:
+                        raise self._truncated(start, "it ends without the end-of-archive marker (an interrupted "
+                                                     "copy?); re-copy or rebuild the shard")
+                    self._check_end(start)
+                self._done = True
                 raise StopIteration
-            if len(block) < _BLOCK:
-                raise ShardError(f"shard {self.url} is truncated at byte {start}: half a tar header")
             try:
                 ti = tarfile.TarInfo.frombuf(block, "utf-8", "surrogateescape")
-            except tarfile.HeaderError as exc:
+            except (tarfile.HeaderError, ValueError) as exc:  # nti raises ValueError on overflowing fields
                 raise ShardError(f"corrupt tar header in shard {self.url} at byte {start}: {exc}") from None
-            padded = -(-ti.size // _BLOCK) * _BLOCK
+            if ti.size < 0:
+                raise ShardError(f"corrupt tar header in shard {self.url} at byte {start}: negative size {ti.size}")
             if ti.type in _PAX_TYPES or ti.type in _GNU_NAME_TYPES:
+                if ti.size > _MAX_EXTENDED:
+                    raise ShardError(f"corrupt tar header in shard {self.url} at byte {start}: an extended header "
+                                     f"of {ti.size} bytes (real ones hold a few hundred)")
+                self._check_fits(start, self.pos, ti.size)
+                padded = _padded(ti.size)
                 data = self._read(padded)
                 if len(data) != padded:
-                    raise ShardError(f"shard {self.url} is truncated at byte {self.pos}, inside an extended header")
+                    raise self._truncated(self.pos, "inside an extended header")
                 data = data[: ti.size]
                 if ti.type == tarfile.GNUTYPE_LONGNAME:
-                    overrides["path"] = data.rstrip(b"\0").decode("utf-8", "surrogateescape")
+                    overrides["path"] = data.split(b"\0", 1)[0].decode("utf-8", "surrogateescape")
                 elif ti.type != tarfile.XGLTYPE and ti.type != tarfile.GNUTYPE_LONGLINK:
                     overrides.update(_pax_records(data, self.url, start))
                 continue
             name = overrides.get("path", ti.name)
-            size = int(overrides["size"]) if "size" in overrides else ti.size
-            self._data_left = size if ti.type in tarfile.REGULAR_TYPES else 0
-            self._pad = -(-size // _BLOCK) * _BLOCK - self._data_left if self._data_left else 0
+            size = ti.size
+            if "size" in overrides:
+                if not _DECIMAL.fullmatch(overrides["size"]):
+                    raise ShardError(f"corrupt pax header in shard {self.url} at byte {first}: size "
+                                     f"{overrides['size']!r} is not a decimal number")
+                size = int(overrides["size"])
+            regular = ti.type in tarfile.REGULAR_TYPES
+            if regular:
+                self._check_fits(first, self.pos, size)
+            self._data_left = size if regular else 0
+            self._pad = _padded(size) - size if regular else 0
             return TarEntry(first, name, self._data_left, self.pos, ti.isreg())
 
 
 def _pax_records(data: bytes, url: str, offset: int) -> dict[str, str]:
+    """The records ``"%d %s=%s\\n"`` of a pax extended header, strictly: each
+    length must be a decimal that spans its own length field, key, ``=`` and
+    the closing newline, within the data."""
     out, pos = {}, 0
     while pos < len(data) and data[pos] != 0:
-        space = data.find(b" ", pos)
-        try:
-            length = int(data[pos:space])
-            key, _, value = data[space + 1 : pos + length - 1].partition(b"=")
-        except ValueError:
-            raise ShardError(f"corrupt pax header in shard {url} at byte {offset}") from None
+        m = _PAX_LENGTH.match(data, pos)
+        length = int(m.group(1)) if m else 0
+        end = pos + length
+        if m is None or end > len(data) or end <= m.end() or data[end - 1] != 0x0A:
+            raise ShardError(f"corrupt pax header in shard {url} at byte {offset}: a malformed record at "
+                             f"byte {pos} of its data ({bytes(data[pos : pos + 24])!r})")
+        key, eq, value = data[m.end() : end - 1].partition(b"=")
+        if not eq or not key:
+            raise ShardError(f"corrupt pax header in shard {url} at byte {offset}: record "
+                             f"{bytes(data[pos:end][:40])!r} has no key=value")
         out[key.decode("utf-8", "surrogateescape")] = value.decode("utf-8", "surrogateescape")
-        pos += length
+        pos = end
     return out
 
 
@@ -210,7 +288,8 @@ def sample_groups(scanner: TarScanner, want: Callable[[str], int | None]) -> Ite
                 yield cur
             cur = TarSample(key, entry.offset)
         if suffix in cur.sizes:
-            raise ShardError(f"shard {scanner.url} has two {suffix!r} members for sample {key!r} at byte {entry.offset}")
+            raise ShardError(f"shard {scanner.url} has two {suffix!r} members for sample {key!r} "
+                             f"at byte {entry.offset}")
         cur.sizes[suffix] = entry.size
         cur.data_at[suffix] = entry.data_offset
         n = want(suffix)
@@ -225,8 +304,9 @@ def parse_sample(buf: bytes, url: str, offset: int, key: str) -> dict:
     """The webdataset-style sample dict held by ``buf``, the tar bytes of one
     sample (its members' headers and data) read at ``offset`` of ``url``."""
     hint = f"re-index it with `streambatch index --force {url}` if the shard changed, or replace it if it is damaged"
-    scanner = TarScanner(io.BytesIO(buf), url, base=offset)
-    scanner.seekable = False  # positions are shard offsets; never seek the buffer
+    # positions are shard offsets (never seek the buffer); a sample's bytes end
+    # without the archive's end marker
+    scanner = TarScanner(io.BytesIO(buf), url, base=offset, seekable=False, require_end=False)
     try:
         groups = sample_groups(scanner, lambda suffix: -1)
         found = next(groups, None)
@@ -234,7 +314,8 @@ def parse_sample(buf: bytes, url: str, offset: int, key: str) -> dict:
     except ShardError as exc:
         raise ShardError(f"{exc} (reading sample {key!r}; {hint})") from None
     if found is None:
-        raise ShardError(f"sidecar/tar mismatch in shard {url} at byte {offset}: no member of sample {key!r} there; {hint}")
+        raise ShardError(f"sidecar/tar mismatch in shard {url} at byte {offset}: no member of sample {key!r} "
+                         f"there; {hint}")
     bad = found if found.key != key else extra
     if bad is not None:
         raise ShardError(

@@ -27,14 +27,17 @@ every DataLoader worker computes the same windows without talking.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
 
+from ..core.config import PlanConfig
 from ..core.plan import Plan
-from ..planners import make_plan
+from ..core.validation import check_int, coerce_lengths
+from ..core.long_samples import check_max_length
+from ..planners import RECOMMENDED, plan_epoch
 from .affinity import foreign_samples, plan_affine_window
 
 _U64 = 1 << 64
@@ -58,26 +61,44 @@ def default_window(read_mode: str, world_size: int) -> int:
     return 20_000 if read_mode == "sample" else max(20_000, 2_500 * world_size)
 
 
-@dataclass(frozen=True)
-class WindowConfig:
-    """Everything besides lengths and epoch that the plan depends on."""
+@dataclass(frozen=True, init=False)
+class WindowConfig(PlanConfig):
+    """A ``PlanConfig`` plus the streaming window and read mode: everything
+    besides lengths and epoch that a streamed epoch depends on. Build (and
+    check) it with ``WindowConfig.build(..., window_samples=N, read_mode=M)``;
+    the plain constructor takes values as they are, in streaming's order."""
 
-    max_batch_tokens: int
-    max_batch_size: int
-    world_size: int
-    window_samples: int
-    shuffle: bool
-    drop_last: bool
-    seed: int
-    planner: str = "greedy"
-    planner_options: tuple = field(default=())
+    window_samples: int = 20_000
     read_mode: str = "sample"
+    max_length: int | None = None  # longer samples are not planned (counted in Window.too_long)
+
+    def __init__(self, max_batch_tokens: int, max_batch_size: int, world_size: int, window_samples: int,
+                 shuffle: bool, drop_last: bool, seed: int, planner: str = RECOMMENDED,
+                 planner_options: tuple[tuple[str, Any], ...] = (), read_mode: str = "sample",
+                 max_length: int | None = None) -> None:
+        super().__init__(max_batch_tokens, max_batch_size, world_size, shuffle, drop_last, seed, planner,
+                         planner_options)
+        object.__setattr__(self, "window_samples", window_samples)
+        object.__setattr__(self, "read_mode", read_mode)
+        object.__setattr__(self, "max_length", max_length)
+
+    @classmethod
+    def _check_extra(cls, window_samples: Any = 20_000, read_mode: Any = "sample",
+                     max_length: Any = None) -> dict[str, Any]:
+        return {"window_samples": check_int("window_samples", window_samples, 1),
+                "read_mode": check_read_mode(read_mode),
+                "max_length": check_max_length(max_length)[0]}
+
+    @classmethod
+    def _options_planner(cls, planner: Any, extra: Mapping[str, Any]) -> Any:
+        # shard mode plans with its own walk, which takes the bucketed planner's options
+        return "bucketed" if extra.get("read_mode") == "shard" else planner
 
     def key(self) -> tuple:
-        key = (self.max_batch_tokens, self.max_batch_size, self.world_size, self.window_samples,
-               self.shuffle, self.drop_last, self.seed, self.planner, repr(self.planner_options))
-        # sample mode keeps its old key, so states saved before read_mode existed still load
-        return key if self.read_mode == "sample" else key + (self.read_mode,)
+        # sample mode keeps its key, so states saved before read_mode existed still load
+        key = super().key() + (self.window_samples,)
+        key = key if self.read_mode == "sample" else key + (self.read_mode,)
+        return key if self.max_length is None else key + (("max_length", self.max_length),)
 
 
 @dataclass(frozen=True)
@@ -88,6 +109,7 @@ class Window:
     shard_ids: (n,) int64 shard of each planned sample (carried ones first).
     local: (n,) int64 index of that sample within its shard's sidecar.
     first_step: epoch step index of the window's first step.
+    too_long: samples of the window's shards longer than ``max_length``, not planned.
     holder: shard mode only: (n,) int64 rank that streams (or carried in)
         each sample; every rank's batches hold only its own samples, except
         a few (see ``reads``).
@@ -111,6 +133,7 @@ class Window:
     holder: np.ndarray | None = None
     reads: np.ndarray | None = None
     n_carried: int = 0
+    too_long: int = 0
 
     @property
     def num_steps(self) -> int:
@@ -130,7 +153,8 @@ class EpochSummary:
     """One epoch of one world layout: ``steps`` per rank (= ``len(ds)``),
     ``samples`` distinct samples trained on, ``padded`` repeats added to fill
     the final step, ``dropped`` samples left out (``drop_last=True``),
-    ``window_steps`` steps per window."""
+    ``window_steps`` steps per window, ``too_long`` samples longer than
+    ``max_length`` left out (not in ``samples``)."""
 
     epoch: int
     steps: int
@@ -138,6 +162,7 @@ class EpochSummary:
     padded: int
     dropped: int
     window_steps: tuple[int, ...]
+    too_long: int = 0
 
 
 def shard_order(num_shards: int, seed: int, epoch: int, shuffle: bool) -> np.ndarray:
@@ -180,12 +205,32 @@ def window_bounds(counts: np.ndarray, window_samples: int, min_shards: int = 1) 
     return np.asarray(cuts, dtype=np.int64)
 
 
+def outlier_limit(lengths: np.ndarray, max_batch_tokens: int, max_batch_size: int) -> int:
+    """Samples longer than this are outliers: alone they cost (L**2) more than
+    a full batch of median-length samples (``min(cap, budget // median)`` of
+    them). lengths: (n,) int64, n >= 1 (else no sample is an outlier)."""
+    if lengths.size == 0:
+        return np.iinfo(np.int64).max
+    med = max(1, int(np.partition(lengths, lengths.size // 2)[lengths.size // 2]))
+    full = max(1, min(max_batch_size, max_batch_tokens // med)) * med * med
+    return int(np.sqrt(full))
+
+
 def iter_windows(counts: np.ndarray, load_lengths: Callable[[int], np.ndarray], config: WindowConfig,
                  epoch: int) -> Iterator[Window]:
     """Plan an epoch window by window.
 
     counts: (S,) int64 samples per shard; load_lengths(shard) -> (n,) int64.
-    Holds one window's arrays (plus at most one step of carried samples).
+    Holds one window's arrays (plus at most one step of carried samples and
+    the held outliers).
+
+    With shuffling, outliers (``outlier_limit``) are held back from window to window and
+    planned together, in the last window or once they make a quarter of one:
+    a step holding an outlier lasts as long as that sample alone, so outliers
+    spread over every window would each set the time of a step of their own
+    window (on Common Voice Pashto at W = 64, 20,000-sample windows without
+    holding plan a 1.8x longer epoch than the whole corpus at once).
+    Samples longer than ``config.max_length`` are left out and counted.
     """
     if config.read_mode == "shard":
         yield from _iter_affine(counts, load_lengths, config, epoch)
@@ -194,22 +239,39 @@ def iter_windows(counts: np.ndarray, load_lengths: Callable[[int], np.ndarray], 
     bounds = window_bounds(counts[order], config.window_samples)
     nwin = bounds.shape[0] - 1
     carry_ids = carry_local = carry_len = np.zeros(0, dtype=np.int64)
+    held_ids = held_local = held_len = np.zeros(0, dtype=np.int64)
     step = 0
-    options = dict(config.planner_options)
     for j in range(nwin):
         shards = order[bounds[j] : bounds[j + 1]]
         lens = [np.asarray(load_lengths(int(s)), dtype=np.int64) for s in shards]
         ids = np.concatenate([carry_ids] + [np.full(x.shape[0], s, dtype=np.int64) for s, x in zip(shards, lens)])
         local = np.concatenate([carry_local] + [np.arange(x.shape[0], dtype=np.int64) for x in lens])
-        lengths = np.concatenate([carry_len] + lens)
+        # Sidecar lengths are new input each window: checked here (cheap), the config once at construction.
+        lengths = coerce_lengths(np.concatenate([carry_len] + lens))
+        over = 0
+        if config.max_length is not None:
+            keep = lengths <= config.max_length  # carried samples were kept already
+            over = int(keep.size - np.count_nonzero(keep))
+            if over:
+                ids, local, lengths = ids[keep], local[keep], lengths[keep]
         last = j == nwin - 1
-        plan = make_plan(lengths, config.max_batch_tokens, config.max_batch_size, config.world_size,
-                         shuffle=config.shuffle, drop_last=config.drop_last if last else True,
-                         seed=window_seed(config.seed, epoch, j), epoch=0, planner=config.planner, **options)
+        if not last and config.shuffle:  # without shuffling, windows keep the corpus order
+            out = lengths > outlier_limit(lengths, config.max_batch_tokens, config.max_batch_size)
+            if out.any():
+                held_ids, held_local, held_len = (np.concatenate([h, x[out]]) for h, x in
+                                                  ((held_ids, ids), (held_local, local), (held_len, lengths)))
+                ids, local, lengths = ids[~out], local[~out], lengths[~out]
+        if held_len.size and (last or 4 * held_len.size >= config.window_samples):
+            ids, local, lengths = (np.concatenate([x, h]) for x, h in
+                                   ((ids, held_ids), (local, held_local), (lengths, held_len)))
+            held_ids = held_local = held_len = np.zeros(0, dtype=np.int64)
+        # Each window is planned as epoch 0 of its own seed, so windows differ within an epoch too.
+        cfg = replace(config, drop_last=config.drop_last if last else True, seed=window_seed(config.seed, epoch, j))
+        plan = plan_epoch(lengths, cfg, 0)
         left = plan.leftover if plan.leftover is not None else np.zeros(0, dtype=np.int64)
         if not last:
             carry_ids, carry_local, carry_len = ids[left], local[left], lengths[left]
-        yield Window(j, step, plan, ids, local, last)
+        yield Window(j, step, plan, ids, local, last, too_long=over)
         step += plan.num_steps
 
 
@@ -230,14 +292,25 @@ def _iter_affine(counts: np.ndarray, load_lengths: Callable[[int], np.ndarray], 
         lens = [np.asarray(load_lengths(int(s)), dtype=np.int64) for s in shards]
         sizes = np.array([x.shape[0] for x in lens], dtype=np.int64)
         new_len = np.concatenate([none] + lens)
+        new_ids = np.repeat(shards, sizes)
+        new_local = np.concatenate([none] + [np.arange(x.shape[0], dtype=np.int64) for x in lens])
+        kept = np.arange(new_len.shape[0], dtype=np.int64)
+        over = 0
+        if config.max_length is not None:
+            kept = np.flatnonzero(new_len <= config.max_length)
+            over = int(new_len.shape[0] - kept.shape[0])
         last = j == nwin - 1
-        aw = plan_affine_window(carry_len, carry_holder, new_len, config.max_batch_tokens, config.max_batch_size, w,
-                                config.shuffle, last, config.drop_last, window_seed(config.seed, epoch, j), options)
+        aw = plan_affine_window(carry_len, carry_holder, new_len[kept], config.max_batch_tokens,
+                                config.max_batch_size, w, config.shuffle, last, config.drop_last,
+                                window_seed(config.seed, epoch, j), options)
         c = carry_ids.shape[0]
-        ids = np.concatenate([carry_ids, np.repeat(shards, sizes)])
-        local = np.concatenate([carry_local] + [np.arange(x.shape[0], dtype=np.int64) for x in lens])
-        lengths = np.concatenate([carry_len, new_len])
-        reads = _piece_reads(shards, sizes, aw.cuts)
+        ids = np.concatenate([carry_ids, new_ids[kept]])
+        local = np.concatenate([carry_local, new_local[kept]])
+        lengths = np.concatenate([carry_len, new_len[kept]])
+        # Cuts between kept samples, moved to the window's whole sample sequence: a left-out
+        # (too long) sample is streamed, unused, by the rank whose piece it falls in.
+        cuts = np.concatenate([[0], np.append(kept, new_len.shape[0])[aw.cuts[1:-1]], [new_len.shape[0]]])
+        reads = _piece_reads(shards, sizes, cuts)
         extra = foreign_samples(aw.plan, aw.holder)
         if extra.shape[0]:
             i = extra[:, 1]
@@ -247,7 +320,7 @@ def _iter_affine(counts: np.ndarray, load_lengths: Callable[[int], np.ndarray], 
         if not last:
             left = aw.leftover
             carry_ids, carry_local, carry_len, carry_holder = ids[left], local[left], lengths[left], aw.holder[left]
-        yield Window(j, step, aw.plan, ids, local, last, aw.holder, reads, c)
+        yield Window(j, step, aw.plan, ids, local, last, aw.holder, reads, c, over)
         step += aw.plan.num_steps
 
 
@@ -274,12 +347,13 @@ def _piece_reads(shards: np.ndarray, sizes: np.ndarray, cuts: np.ndarray) -> np.
 def summarize(counts: np.ndarray, load_lengths: Callable[[int], np.ndarray], config: WindowConfig,
               epoch: int) -> EpochSummary:
     """Plan the whole epoch (lengths only) and count what it trains on."""
-    steps = padded = dropped = 0
+    steps = padded = dropped = over = 0
     per_window = []
     for w in iter_windows(counts, load_lengths, config, epoch):
         steps += w.num_steps
+        over += w.too_long
         per_window.append(w.num_steps)
         if w.last:
             padded, dropped = w.plan.num_padded, w.plan.num_dropped
-    samples = int(counts.sum()) - dropped
-    return EpochSummary(epoch, steps, samples, padded, dropped, tuple(per_window))
+    samples = int(counts.sum()) - dropped - over
+    return EpochSummary(epoch, steps, samples, padded, dropped, tuple(per_window), over)

@@ -2,29 +2,59 @@
 
 from __future__ import annotations
 
+import numbers
+import os
+from collections.abc import Mapping
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
-from ..core.validation import check_world
+from ..core.validation import check_flag, check_world
 
 
 def is_distributed() -> bool:
     return dist.is_available() and dist.is_initialized()
 
 
+def _launcher_env() -> str:
+    """'RANK=1, WORLD_SIZE=4' when a launcher (torchrun) set them, else ''."""
+    found = [f"{k}={os.environ[k]}" for k in ("RANK", "WORLD_SIZE") if k in os.environ]
+    return ", ".join(found)
+
+
 def resolve_world(rank: Any = None, world_size: Any = None) -> tuple[int, int]:
-    """(rank, world_size): given values, else torch.distributed's, else (0, 1).
+    """(rank, world_size): given values, else torch.distributed's.
 
     Explicit values win so that data-parallel ranks under FSDP hybrid sharding
     (or tensor parallelism) can pass their data-parallel rank and size.
+    Without an initialised process group, ``None`` means rank 0 of 1 only when
+    that is unambiguous: ``rank=None`` with ``world_size > 1``, or both None
+    in a process a launcher started as one of several (``WORLD_SIZE > 1``),
+    raise instead of silently training every process on rank 0's share.
     """
+    if not is_distributed():
+        env = _launcher_env()
+        launched = os.environ.get("WORLD_SIZE", "1").strip() not in ("", "0", "1")
+        if rank is None and (launched and world_size is None or _above_one(world_size)):
+            why = (f"the launcher set {env} but torch.distributed is not initialised yet: call "
+                   "torch.distributed.init_process_group() before building the sampler or dataset"
+                   if env else "torch.distributed is not initialised")
+            raise ValueError(
+                f"rank=None cannot be resolved with world_size={world_size!r}: {why}; or pass rank= explicitly "
+                "(each process its own rank in [0, world_size))")
     if world_size is None:
         world_size = dist.get_world_size() if is_distributed() else 1
     if rank is None:
         rank = dist.get_rank() if is_distributed() else 0
     return check_world(rank, world_size)
+
+
+def _above_one(world_size: Any) -> bool:
+    try:
+        return world_size is not None and int(world_size) > 1
+    except (TypeError, ValueError):
+        return False  # check_world names the bad value
 
 
 def _device() -> torch.device:
@@ -34,21 +64,74 @@ def _device() -> torch.device:
     return torch.device("cpu")
 
 
-def check_same_everywhere(fingerprint: int, what: str) -> None:
-    """Raise on every rank unless all ranks hold the same 63-bit fingerprint.
+def active(world_size: int) -> bool:
+    """Is a cross-rank check possible and meaningful? (A process group of more
+    than one rank, and a plan shared by more than one rank: a sampler built
+    with world_size=1, e.g. for evaluation on rank 0 only, checks nothing.)"""
+    return world_size > 1 and is_distributed() and dist.get_world_size() > 1
 
-    One all-reduce of two int64 (max of x and of -x) tells every rank whether
-    the fingerprints agree, so all ranks raise together instead of some
-    training on a different plan and then hanging in a collective.
+
+def will_check(verify: Any, world_size: Any) -> bool:
+    """Will this rank take part in a cross-rank check? Decided from the raw
+    arguments, even invalid ones, so that a rank whose arguments fail still
+    joins the check that the other ranks make (and then raises with them)."""
+    if not is_distributed():
+        return False
+    try:
+        wants = check_flag("verify", verify)
+    except TypeError:
+        wants = True  # a bad flag: the other ranks presumably check
+    return wants and active(guess_world(world_size))
+
+
+def guess_world(world_size: Any) -> int:
+    """The world size a rank will use, even from an invalid argument (then
+    the process group's size, which the other ranks most likely use)."""
+    if isinstance(world_size, numbers.Integral) and not isinstance(world_size, bool):
+        return int(world_size)
+    return dist.get_world_size() if is_distributed() else 1
+
+
+def agree(values: Mapping[str, int], what: str, failure: BaseException | None = None) -> None:
+    """Raise on every rank unless all ranks hold the same ``values`` and none failed.
+
+    values: named 63-bit ints (a fingerprint first, then e.g. epoch and step).
+    failure: this rank's error, if it could not compute its values; it still
+    joins the collective (with a failure marker), so every rank raises at
+    once instead of the others waiting for the process-group timeout.
+
+    One all-reduce (max of v and -v for each value, and the lowest failed
+    rank) tells every rank the range of each value; only when a rank failed,
+    a second collective carries its message to the others.
     """
-    if not is_distributed() or dist.get_world_size() == 1:
-        return
-    t = torch.tensor([fingerprint, -fingerprint], dtype=torch.int64, device=_device())
+    names = list(values)
+    me, world = dist.get_rank(), dist.get_world_size()
+    vec = [0] * (2 * len(names)) if failure is not None else [x for n in names for x in (values[n], -values[n])]
+    vec.append(-(me if failure is not None else world))  # max over ranks: minus the lowest failed rank
+    t = torch.tensor(vec, dtype=torch.int64, device=_device())
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    hi, lo = int(t[0]), -int(t[1])
-    if hi != lo:
-        raise ValueError(
-            f"{what} differs across ranks (rank {dist.get_rank()} has fingerprint {fingerprint:#x}, "
-            f"others range over [{lo:#x}, {hi:#x}]): every rank must be given the same lengths, "
-            "budget, batch-size cap, seed, epoch and world_size"
-        )
+    got = t.tolist()
+    first_failed = -got[-1]
+    if first_failed < world:
+        message = [f"{type(failure).__name__}: {failure}" if failure is not None else None]
+        dist.broadcast_object_list(message, src=first_failed, device=_device())
+        if failure is not None:
+            raise failure
+        raise ValueError(f"{what} differs across ranks: rank {first_failed} failed before the cross-rank check "
+                         f"with {message[0]}; every rank raises so that none waits for it")
+    # The fingerprint last: when the epoch or step differs it differs too, and the former says more.
+    for i in [*range(1, len(names)), 0]:
+        hi, lo, mine = got[2 * i], -got[2 * i + 1], values[names[i]]
+        if hi != lo:
+            shown = (lambda v: f"{v:#x}") if i == 0 else str
+            hint = ("every rank must be given the same lengths, budget, batch-size cap, seed, epoch and world_size"
+                    if i == 0 else "every rank must resume from the same checkpoint and call set_epoch alike")
+            raise ValueError(f"{what} differs across ranks (rank {me} has {names[i]} {shown(mine)}, others range "
+                             f"over [{shown(lo)}, {shown(hi)}]): {hint}")
+
+
+def check_same_everywhere(fingerprint: int, what: str) -> None:
+    """Raise on every rank unless all ranks hold the same 63-bit fingerprint
+    (no-op without a process group of more than one rank)."""
+    if is_distributed() and dist.get_world_size() > 1:
+        agree({"fingerprint": fingerprint}, what)

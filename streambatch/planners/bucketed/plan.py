@@ -41,13 +41,13 @@ from typing import Any
 
 import numpy as np
 
-from .kernels import bucket_sort, plan_steps, step_permutation
-from ...core.hashing import _mix, hash_array
-from ..greedy.mt19937 import seed_key
 from ...core.cost import INT64_MAX, CostModel, resolve_cost
-from ..greedy.plan import index_dtype
+from ...core.hashing import _mix, hash_array
 from ...core.plan import Plan, assemble, finish_last_step
 from ..base import Option, Planner
+from ..greedy.mt19937 import seed_key
+from ..greedy.plan import index_dtype
+from .kernels import bucket_sort, plan_steps, step_permutation
 
 DEFAULT_BUCKET_WIDTH = 0.02
 MIN_BUCKET_WIDTH = 0.001  # keeps the bucket count (~ ln(max_len) / width) in the tens of thousands
@@ -56,9 +56,16 @@ _SALT = np.uint64(0x6275636B65746564)  # "bucketed"
 
 def plan_key(seed: int, epoch: int) -> np.uint64:
     """The 64-bit key all of an epoch's randomness is drawn from."""
-    h = hash_array(seed_key(seed).astype(np.int64), _SALT)
-    h = _mix(h, np.uint64(seed < 0))
-    return hash_array(seed_key(epoch).astype(np.int64), h)
+    # Numba returns uint64 as a Python int, which it would type back as int64
+    # or uint64 by value: np.uint64 keeps one compiled signature per kernel.
+    h = np.uint64(hash_array(seed_key(seed).astype(np.int64), _SALT))
+    h = np.uint64(_mix(h, np.uint64(seed < 0)))
+    return np.uint64(hash_array(seed_key(epoch).astype(np.int64), h))
+
+
+def subkey(key: np.uint64, i: int) -> np.uint64:
+    """The i-th independent 64-bit key drawn from ``key``."""
+    return np.uint64(_mix(key, np.uint64(i)))
 
 
 def bucket_edges(max_len: int, width: float, phase: float) -> np.ndarray:
@@ -145,7 +152,7 @@ def plan_bucketed(lengths: np.ndarray, max_batch_tokens: int, max_batch_size: in
         if max_cost < 1:
             raise ValueError(f"max_step_cost={max_step_cost} is below the cost of any batch ({cost}); raise it")
     key = plan_key(seed, epoch)
-    phase = float(_mix(key, np.uint64(1)) >> np.uint64(11)) / 2.0**53 if shuffle else 0.0
+    phase = float(subkey(key, 1) >> np.uint64(11)) / 2.0**53 if shuffle else 0.0
     edges = bucket_edges(lmax, width, phase)
     # Sorted lengths in the narrowest dtype that holds them: the step kernel
     # streams through them several times.
@@ -154,22 +161,22 @@ def plan_bucketed(lengths: np.ndarray, max_batch_tokens: int, max_batch_size: in
     slen = np.empty(n, dtype=len_dtype)
     out = np.empty(n + w, dtype=dtype)
     scratch = np.empty(n if shuffle else 0, dtype=len_dtype)
-    m = bucket_sort(lengths, lmax, edges, _mix(key, np.uint64(2)), shuffle, tokens, cap, order, slen, out, scratch)
+    m = bucket_sort(lengths, lmax, edges, subkey(key, 2), shuffle, tokens, cap, order, slen, out, scratch)
     del scratch
     # Lay steps out from the short end up and from the long end down; the
     # tails of both (under two steps each) meet where lengths are densest
     # and are finished there together, so no runt step lands in a sparse tail.
     args = (w, tokens, cap, cost.code, cost.q, max_cost)
-    step_key = _mix(key, np.uint64(3))
-    low, k, n_low, stop_low = plan_steps(order[:m], slen[:m], *args, False, False, shuffle, step_key, 0, out)
+    step_key = subkey(key, 3)
+    low, k, n_low, stop_low = plan_steps(order[:m], slen[:m], *args, False, False, False, shuffle, step_key, 0, out)
     low = low[:k]
-    high, k, n_high, stop_high = plan_steps(order[m:], slen[m:], *args, False, False, shuffle, step_key,
+    high, k, n_high, stop_high = plan_steps(order[m:], slen[m:], *args, True, False, False, shuffle, step_key,
                                             low.shape[0], out[n_low:])
     high = high[:k]
     rest_order = np.concatenate([order[stop_low:m], order[m + stop_high :][::-1]])
     rest_len = np.concatenate([slen[stop_low:m], slen[m + stop_high :][::-1]])
     del order, slen
-    end, k, n_end, stop = plan_steps(rest_order, rest_len, *args, True, drop_last, shuffle, step_key,
+    end, k, n_end, stop = plan_steps(rest_order, rest_len, *args, False, True, drop_last, shuffle, step_key,
                                      low.shape[0] + high.shape[0], out[n_low + n_high :])
     end = end[:k]
     leftover = rest_order[stop:].copy()
@@ -177,7 +184,7 @@ def plan_bucketed(lengths: np.ndarray, max_batch_tokens: int, max_batch_size: in
     n_out = n_low + n_high + n_end
     out, counts, padded, _ = finish_last_step(out, counts, n_out, False)
     if shuffle:
-        step_order = step_permutation(counts.shape[0], _mix(key, np.uint64(4)))
+        step_order = step_permutation(counts.shape[0], subkey(key, 4))
     else:
         step_order = np.arange(counts.shape[0], dtype=np.int64)
     return assemble(out, counts, step_order, w, padded, leftover)

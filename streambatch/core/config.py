@@ -1,0 +1,127 @@
+"""One validated planning configuration, shared by ``make_plan``, the sampler,
+the streaming dataset (``WindowConfig`` adds its window) and the command line.
+
+Build it with ``PlanConfig.build(...)``: every value is checked once there,
+so code holding a ``PlanConfig`` never re-validates it. The dataclass is
+frozen; ``replace`` builds (and checks) a modified copy.
+"""
+
+from __future__ import annotations
+
+import numbers
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, fields
+from typing import Any, TypeVar
+
+import numpy as np
+
+from .plan import config_fingerprint
+from .state import MAX_EPOCH
+from .validation import check_budget, check_flag, check_int, check_seed
+
+C = TypeVar("C", bound="PlanConfig")
+
+
+def check_epoch(epoch: Any, name: str = "epoch") -> int:
+    """An epoch as an int in [0, MAX_EPOCH] (bounded so nothing downstream wraps it)."""
+    if isinstance(epoch, bool) or not isinstance(epoch, numbers.Integral):
+        raise TypeError(f"{name} must be an integer, got {epoch!r} ({type(epoch).__name__})")
+    epoch = int(epoch)
+    if not 0 <= epoch <= MAX_EPOCH:
+        raise ValueError(f"{name} must be in [0, 2**32 - 1], got {epoch}; count epochs from 0")
+    return epoch
+
+
+@dataclass(frozen=True)
+class PlanConfig:
+    """Everything besides lengths, epoch and rank that a plan depends on.
+
+    planner_options: the planner's keyword options as sorted (name, value)
+    pairs (hashable; ``options`` gives them as a dict).
+    """
+
+    max_batch_tokens: int
+    max_batch_size: int = 64
+    world_size: int = 1
+    shuffle: bool = True
+    drop_last: bool = False
+    seed: int = 42
+    planner: str = "greedy"
+    planner_options: tuple[tuple[str, Any], ...] = ()
+
+    @classmethod
+    def build(cls: type[C], max_batch_tokens: Any, max_batch_size: Any = 64, world_size: Any = 1,
+              shuffle: Any = True, drop_last: Any = False, seed: Any = 42, planner: Any = "greedy",
+              planner_options: Mapping[str, Any] | None = None, **extra: Any) -> C:
+        """Validate and coerce every setting (TypeError/ValueError naming the
+        bad one). ``extra`` holds a subclass's own settings."""
+        # The registry lives in streambatch.planners, which imports this layer.
+        from ..planners import check_planner, get_planner
+
+        if planner_options is None:
+            planner_options = {}
+        if not isinstance(planner_options, Mapping):
+            raise TypeError(f"planner_options must be a dict of keyword options, got {planner_options!r}")
+        bad = [k for k in planner_options if not isinstance(k, str) or not k.isidentifier()]
+        if bad:
+            raise TypeError(f"planner option names must be identifiers, got {bad[0]!r}")
+        name = check_planner(planner)
+        p = get_planner(cls._options_planner(name, extra))
+        # Checked against the planner's declared options; only the options given are kept (with
+        # their checked values), so defaults stay out of fingerprints and states.
+        resolved = p.resolve(planner_options)
+        given = {k: resolved[k] for k in planner_options}
+        return cls(
+            max_batch_tokens=check_budget(max_batch_tokens),
+            max_batch_size=check_int("max_batch_size", max_batch_size, 1),
+            world_size=check_int("world_size", world_size, 1),
+            shuffle=check_flag("shuffle", shuffle),
+            drop_last=check_flag("drop_last", drop_last),
+            seed=check_seed(seed),
+            planner=name,
+            planner_options=tuple(sorted(given.items())),
+            **cls._check_extra(**extra),
+        )
+
+    @classmethod
+    def _check_extra(cls) -> dict[str, Any]:
+        return {}
+
+    @classmethod
+    def _options_planner(cls, planner: Any, extra: Mapping[str, Any]) -> Any:
+        """The planner whose declared options ``planner_options`` are checked against."""
+        return planner
+
+    @property
+    def options(self) -> dict[str, Any]:
+        """The planner's keyword options."""
+        return dict(self.planner_options)
+
+    def replace(self: C, **changes: Any) -> C:
+        """A checked copy with some settings changed."""
+        values = {f.name: getattr(self, f.name) for f in fields(self)}
+        values["planner_options"] = dict(values["planner_options"])
+        values.update(changes)
+        return type(self).build(**values)
+
+    def key(self) -> tuple:
+        """The values the fingerprint hashes. This order (and the options as
+        the repr of a sorted list) is the sampler's version-1 scheme, so its
+        old states still load."""
+        return (self.max_batch_tokens, self.max_batch_size, self.shuffle, self.drop_last, self.world_size,
+                self.seed, self.planner, repr(list(self.planner_options)))
+
+    def fingerprint(self, data: np.ndarray | str) -> int:
+        """The one fingerprint scheme of saved states and cross-rank checks:
+        a 63-bit hash of the data's identity (the (N,) int64 lengths, or a
+        digest string of shards and sidecars) and of ``key()``."""
+        if isinstance(data, str):
+            data = np.frombuffer(data.encode(), dtype=np.uint8).astype(np.int64)
+        return config_fingerprint(data, *self.key())
+
+    def describe(self) -> dict[str, Any]:
+        """The settings as plain values (ints, bools, strings), e.g. for a state
+        dict, so a mismatch can be reported setting by setting."""
+        out = asdict(self)
+        out["planner_options"] = repr(list(self.planner_options))
+        return out

@@ -1,0 +1,244 @@
+"""Step layouts of the bucketed planner: contiguous batches, deals over the
+ranks, their waste rate, and the split of the last samples into final steps."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .common import _helper, batch_cost, njit
+
+# Weights of the waste terms when choosing a step's layout (``_waste_rate``),
+# roughly inverse to the slack the targets leave each: balance 0.98, padding
+# 0.97, budget use 0.9 (tempered, so that fill is not sacrificed wholesale).
+_W_BALANCE = 1.25
+_W_PADDING = 1.0
+_W_FILL = 0.5
+_NARROW = 20  # a narrow deal spans at most 1 + 1/_NARROW in length
+
+
+@_helper
+def _contiguous(slen, p, w, max_tokens, max_size, code, q, limit, sizes, maxes):
+    """W batches of consecutive samples from ``p``, each filled until the next
+    sample would break the size cap, token budget or cost ``limit``.
+
+    Fills sizes/maxes (W,). Returns (end, complete, real tokens): complete is
+    False when the data ran out before the W-th batch was closed by a limit.
+    """
+    n = slen.shape[0]
+    pos = p
+    real = 0
+    for r in range(w):
+        if pos >= n:
+            return pos, False, real
+        cnt = 1
+        mx = slen[pos]
+        real += mx
+        pos += 1
+        closed = False
+        while pos < n:
+            ln = slen[pos]
+            nm = max(mx, ln)
+            if cnt + 1 > max_size or (cnt + 1) * nm > max_tokens or batch_cost(code, q, cnt + 1, nm) > limit:
+                closed = True
+                break
+            cnt += 1
+            mx = nm
+            real += ln
+            pos += 1
+        sizes[r] = cnt
+        maxes[r] = mx
+        if not closed and r == w - 1:
+            return pos, False, real
+    return pos, True, real
+
+
+@_helper
+def _deal_size(slen, p, w, max_tokens, max_size, code, q, max_cost):
+    """How many samples per rank a deal of the samples from ``p`` can take.
+
+    Returns (b, b_narrow, complete): b is the largest count such that the
+    W * b samples from p, dealt over W ranks, fit the size cap, token budget
+    and cost limit on every rank (each rank's longest is at most the segment's
+    longest); b_narrow <= b the largest whose segment spans at most a factor
+    1 + 1/_NARROW in length (0 if none); complete is False when the data
+    bounded b. Needs p + W <= n. Works in either direction of slen.
+    """
+    n = slen.shape[0]
+    mx = 0
+    mn = np.iinfo(np.int64).max
+    for j in range(p, p + w):
+        mx = max(mx, slen[j])
+        mn = min(mn, slen[j])
+    b = 1
+    b_narrow = 1 if mx * _NARROW <= mn * (_NARROW + 1) else 0
+    complete = True
+    while True:
+        nb = b + 1
+        if nb > max_size:
+            break
+        if p + w * nb > n:
+            complete = False
+            break
+        nm = mx
+        for j in range(p + w * b, p + w * nb):
+            nm = max(nm, slen[j])
+            mn = min(mn, slen[j])
+        if nb * nm > max_tokens or batch_cost(code, q, nb, nm) > max_cost:
+            break
+        b = nb
+        mx = nm
+        if b_narrow == b - 1 and mx * _NARROW <= mn * (_NARROW + 1):
+            b_narrow = b
+    return b, b_narrow, complete
+
+
+@njit(cache=True)
+def _deal_rank(t, m, w):
+    """Layout slot of the t-th longest of m dealt samples: rounds of W in
+    slot order, except that a final partial round goes to the last slots,
+    whose longest samples are the shortest."""
+    j = t % w
+    if m % w != 0 and t >= m - m % w:
+        return w - 1 - j
+    return j
+
+
+@_helper
+def _deal_stats(slen, lo, hi, w, sizes, maxes):
+    """Sizes and longest sample per slot of dealing slen[lo:hi] from its end
+    (the longest, when slen ascends). Returns the real tokens."""
+    m = hi - lo
+    real = 0
+    for r in range(w):
+        sizes[r] = 0
+        maxes[r] = 0
+    for t in range(m):
+        r = _deal_rank(t, m, w)
+        ln = slen[hi - 1 - t]
+        real += ln
+        sizes[r] += 1
+        maxes[r] = max(maxes[r], ln)
+    return real
+
+
+@_helper
+def _waste_rate(sizes, maxes, real, w, max_tokens, max_size, code, q, max_cost, cost_limited):
+    """Weighted tokens wasted per real token, summing padding, straggler time
+    (padded tokens x (1 - balance)) and the unused capacity of batches below
+    their limit (budget, size cap or cost cap, whichever binds)."""
+    padded = 0.0
+    csum = 0.0
+    cmax = 0.0
+    unused = 0.0
+    for r in range(w):
+        tok = float(sizes[r] * maxes[r])
+        c = float(batch_cost(code, q, sizes[r], maxes[r]))
+        padded += tok
+        csum += c
+        cmax = max(cmax, c)
+        fill = max(tok / max_tokens, sizes[r] / max_size)
+        if cost_limited:
+            fill = max(fill, c / max_cost)
+        if 0.0 < fill < 1.0:
+            unused += tok * (1.0 / fill - 1.0)
+    balance = csum / (w * cmax) if cmax > 0.0 else 1.0
+    waste = _W_BALANCE * padded * (1.0 - balance) + _W_PADDING * (padded - real) + _W_FILL * unused
+    return waste / max(float(real), 1.0), balance
+
+
+@_helper
+def _fits(count, max_len, max_tokens, max_size, code, q, max_cost):
+    return count <= 1 or (count <= max_size and count * max_len <= max_tokens
+                          and batch_cost(code, q, count, max_len) <= max_cost)
+
+
+@_helper
+def _even_rate(m, mx, real, w, max_tokens, max_size, code, q, max_cost, cost_limited, sizes, maxes):
+    """``_waste_rate`` of dealing m samples (longest mx) evenly, every rank's
+    longest taken as mx: a cheap estimate for choosing where to split."""
+    for r in range(w):
+        sizes[r] = m // w + (1 if r < m % w else 0)
+        maxes[r] = mx
+    return _waste_rate(sizes, maxes, real, w, max_tokens, max_size, code, q, max_cost, cost_limited)[0]
+
+
+@_helper
+def _finish_split(slen, p, w, max_tokens, max_size, code, q, max_cost, cost_limited, sizes, maxes):
+    """Where to split the last samples slen[p:] (ascending by bucket) into at
+    most two evenly dealt steps: returns h (the first step is slen[p:p+h],
+    the second the rest; h = n - p for a single step), or -1 when no split
+    fits the limits. Chooses the least total ``_waste_rate``, estimated with
+    every rank's longest taken as its step's longest."""
+    n = slen.shape[0]
+    m = n - p
+    pre = np.empty(m + 1, dtype=np.int64)  # longest and total of the first i samples
+    tot = np.empty(m + 1, dtype=np.int64)
+    pre[0] = 0
+    tot[0] = 0
+    for i in range(m):
+        pre[i + 1] = max(pre[i], slen[p + i])
+        tot[i + 1] = tot[i] + slen[p + i]
+    suf = np.empty(m + 1, dtype=np.int64)  # longest of slen[p+i:]
+    suf[m] = 0
+    for i in range(m - 1, -1, -1):
+        suf[i] = max(suf[i + 1], slen[p + i])
+    best = -1
+    best_rate = np.inf
+    h = m
+    while h >= w:
+        rest = m - h
+        if rest == 0 or rest >= w:
+            ba = (h + w - 1) // w
+            bb = (rest + w - 1) // w
+            if (_fits(ba, pre[h], max_tokens, max_size, code, q, max_cost)
+                    and (rest == 0 or _fits(bb, suf[h], max_tokens, max_size, code, q, max_cost))):
+                rate = _even_rate(h, pre[h], tot[h], w, max_tokens, max_size, code, q, max_cost,
+                                  cost_limited, sizes, maxes) * tot[h]
+                if rest > 0:
+                    rate += _even_rate(rest, suf[h], tot[m] - tot[h], w, max_tokens, max_size, code, q,
+                                       max_cost, cost_limited, sizes, maxes) * (tot[m] - tot[h])
+                if rate < best_rate:
+                    best_rate = rate
+                    best = h
+        h = h - w if h % w == 0 else h - h % w
+    return best
+
+
+@_helper
+def _write_deal(order, lo, hi, w, rot, out, at, row, cur):
+    """Deal order[lo:hi] as ``_deal_stats`` does; slot j goes to rank
+    (j + rot) % W. Writes rank-major into out[at:], sizes into row (W,);
+    cur: (W,) scratch. Returns the new end of out."""
+    m = hi - lo
+    for r in range(w):
+        row[r] = 0
+    for t in range(m):
+        row[(_deal_rank(t, m, w) + rot) % w] += 1
+    acc = at
+    for r in range(w):
+        cur[r] = acc
+        acc += row[r]
+    for t in range(m):
+        r = (_deal_rank(t, m, w) + rot) % w
+        out[cur[r]] = order[hi - 1 - t]
+        cur[r] += 1
+    return acc
+
+
+@_helper
+def _write_contiguous(order, p, sizes, w, rot, out, at, row, cur):
+    """Slot j's batch is the next sizes[j] samples from p; it goes to rank
+    (j + rot) % W. Returns (new end of out, new p)."""
+    for j in range(w):
+        row[(j + rot) % w] = sizes[j]
+    acc = at
+    for r in range(w):
+        cur[r] = acc
+        acc += row[r]
+    for j in range(w):
+        r = (j + rot) % w
+        at = cur[r]
+        for i in range(sizes[j]):  # explicit loop: slice assignment compiles slowly
+            out[at + i] = order[p + i]
+        p += sizes[j]
+    return acc, p
