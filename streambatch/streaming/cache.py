@@ -165,7 +165,7 @@ class ShardCache:
                 return path  # another process finished it while we waited
             err = _recent_error(base + ".err", waited_from)
             if err is not None:  # the process we waited for gave up: do not retry all over again
-                raise ShardError(err)
+                raise _with_partial(ShardError(err), base)
             self._download(ref, path, base)
             return path
         finally:
@@ -186,8 +186,10 @@ class ShardCache:
                 shard.download(out, ref.start, ref.end)
             os.replace(tmp, path)
         except ShardError as exc:
+            if os.path.getsize(tmp):  # what did arrive stays readable: only the samples past it fail
+                os.replace(tmp, base + ".partial")
             _write_text(base + ".err", str(exc))
-            raise
+            raise _with_partial(exc, base) from None
         finally:
             if os.path.exists(tmp):
                 os.unlink(tmp)
@@ -274,7 +276,7 @@ class ShardCache:
         if complete:
             # The lock file goes too: a process that still waits on it would at
             # worst download the shard again, never read a torn file.
-            for p in (base + ".data", done, base + ".err", base + ".lock"):
+            for p in (base + ".data", done, base + ".err", base + ".lock", base + ".partial"):
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(p)
 
@@ -283,6 +285,15 @@ class ShardCache:
             self._closed = True
             self._queue = []
         self._pool.shutdown(wait=True, cancel_futures=True)
+
+
+def _with_partial(exc: ShardError, base: str) -> ShardError:
+    """Attach (path, bytes) of the part of a failed download that did arrive, if any."""
+    try:
+        exc.partial = (base + ".partial", os.path.getsize(base + ".partial"))
+    except OSError:
+        exc.partial = None
+    return exc
 
 
 def _write_text(path: str, text: str) -> None:

@@ -160,6 +160,11 @@ class StaleShard(Exception):
     """The object's size or ETag differs from what was indexed (not retried)."""
 
 
+class Truncated(Exception):
+    """A ``pipe:`` command exited cleanly before the bytes expected (not retried:
+    running it again gives the same bytes)."""
+
+
 _TRANSIENT_MODULES = ("aiohttp", "botocore", "aiobotocore", "urllib3", "requests", "http", "ssl",
                       "huggingface_hub", "google", "gcsfs", "s3fs", "fsspec")
 
@@ -169,7 +174,7 @@ def is_transient(exc: BaseException) -> bool:
     if isinstance(exc, FileNotFoundError) and exc.__cause__ is not None:
         return is_transient(exc.__cause__)  # fsspec's HTTP info() turns any failure (a 503 too) into this
     if isinstance(exc, (FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError,
-                        ImportError, StaleShard)):
+                        ImportError, StaleShard, Truncated)):
         return False
     status = getattr(exc, "status", None) or getattr(exc, "status_code", None)
     response = getattr(exc, "response", None)
@@ -347,8 +352,12 @@ class _PipeStream(_Stream):
         return self.f.read(n)
 
     def close(self) -> None:
-        with contextlib.suppress(Exception):  # a pipe closed early exits with SIGPIPE
+        try:  # a pipe closed early exits with SIGPIPE; a failed command is kept for download()
             self.f.close()
+        except Exception as exc:
+            self.close_error = exc
+
+    close_error: Exception | None = None
 
 
 # ---------------------------------------------------------------- one shard
@@ -470,6 +479,10 @@ class RemoteShard:
             finally:
                 stream.close()
             if state["stop"] is not None and state["pos"] < state["stop"]:
+                if isinstance(stream, _PipeStream):
+                    if stream.close_error is not None:
+                        raise stream.close_error
+                    raise Truncated(f"the command's output ended at byte {state['pos']} of {state['stop']}")
                 raise ShortRead(f"the response ended at byte {state['pos']} of {state['stop']}")
             return state["pos"] - start
 

@@ -164,7 +164,13 @@ class RemoteWindowReader:
                 self._held[-1].append((piece, "adhoc", 1))
         fd = self._fds.get(piece)
         if fd is None:
-            path = self.cache.get(piece)
+            try:
+                path = self.cache.get(piece)
+            except ShardError as exc:
+                partial = getattr(exc, "partial", None)
+                if partial is None or offset + size > piece.start + partial[1]:
+                    raise
+                path = partial[0]  # the download failed after this sample: read it from what arrived
             try:
                 fd = os.open(path, os.O_RDONLY)
             except FileNotFoundError:  # evicted between download and open (a lagging worker): fetch again
