@@ -113,9 +113,11 @@ def test_remote_indexing_reads_only_headers(tmp_path, length_from):
         assert got == want
         read = sum(e.body_bytes for e in log if e.method == "GET")
         assert read <= 0.05 * total, f"indexing read {read} of {total} bytes ({read / total:.1%})"
-        assert read <= 4608 * len(want)  # pax header + record + header + 512 bytes, for each of 2 members
+        # pax header + record + header + 512 bytes for each of 2 members; the end-of-archive check reads
+        # the zero blocks to the end of the file (tar pads to 10 KiB records)
+        assert read <= 4608 * len(want) + 10240 * 3
         gets = sum(1 for e in log if e.method == "GET")
-        assert gets <= 2 * len(want) + 3, gets  # two ranged GETs per sample
+        assert gets <= 3 * len(want), gets  # a ranged GET per member's headers (pax: 2 KiB), at most
         assert os.path.exists(os.path.join(idx, "streambatch.catalog.npz"))
         ng.clear_log()
         again = index_shards(urls, length_from=length_from, frames_per_second=FPS, index_dir=idx, progress=False)
@@ -166,7 +168,7 @@ def test_http_streaming_matches_local_and_reads_each_byte_once(corpus, nginx, ht
     if read_mode == "shard":  # each byte crosses the network once per epoch across the job, in few GETs
         assert sum(e.body_bytes for e in log) <= 1.05 * total and len(log) <= 2 * sum(1 for n in SIZES if n)
     else:  # the global plan: each rank downloads what it reads of a shard once, whatever num_workers is
-        assert max(gets.values()) <= world and sum(e.body_bytes for e in log) <= world * total
+        assert sum(e.body_bytes for e in log) <= world * total and max(gets.values()) <= 3 * world
     assert not [f for _, _, fs in os.walk(tmp_path) for f in fs if f.endswith(".data")]  # evicted
 
 
@@ -245,15 +247,18 @@ def _check_world(results, corpus, name):
 def test_four_ranks_two_workers_over_http(corpus, nginx, http_index, tmp_path):
     urls, idx = http_index
     nginx.clear_log()
-    with FaultProxy(nginx.port) as px:
+    # the broken run reads from a second server, so the first one's log holds the good run only
+    with nginx_server(corpus[0]) as other, FaultProxy(other.port) as px:
         px.match, px.fail_every = "GET /train-000005.tar ", 1
         broken = [f"{px.url}/train-{i:06d}.tar" for i in range(len(SIZES))]
         results = _run_world(tmp_path, f"{idx}/streambatch.catalog.npz", broken, None, None, idx)
-        via_proxy = collections.Counter(r.target for r in px.requests
-                                        if r.method == "GET" and not r.fault and r.target.endswith(".tar"))
     _check_world(results, corpus, "train-000005.tar")
-    gets = tar_gets(nginx.log()) - via_proxy  # the broken run's good shards came through the proxy
-    assert max(gets.values()) <= 4  # at most once per rank, with 2 workers each
+    log = [e for e in nginx.log() if e.method == "GET" and e.path.endswith(".tar")]
+    total = sum(os.path.getsize(p) for p in corpus[2])
+    # shard mode, 4 ranks x 2 workers: each byte once across the job (plus the few samples another rank
+    # trains on, one ranged read each), in few requests
+    assert sum(e.body_bytes for e in log) <= 1.25 * total, (sum(e.body_bytes for e in log), total)
+    assert len(log) <= 2 * sum(1 for n in SIZES if n) + 4 * 4, len(log)
 
 
 def test_four_ranks_two_workers_over_s3(corpus, s3, tmp_path):

@@ -22,10 +22,10 @@ from typing import Any
 
 import numpy as np
 
+from .catalog_file import is_catalog, read_catalog
 from .errors import ShardError
 from .lengths import length_spec
 from .reader import expand_urls, is_local
-from .catalog_file import is_catalog, read_catalog
 from .remote import is_remote
 from .remote_index import exists
 from .sidecar import VERIFY_MODES, SidecarFile, _digest, sidecar_path, staleness
@@ -97,7 +97,8 @@ def _narrow(lengths: np.ndarray) -> np.ndarray:
     return lengths
 
 
-def _load(url: str, path: str, spec, storage_options: dict | None = None) -> tuple[dict, np.ndarray | None, str | None]:
+def _load(url: str, path: str, spec,
+          storage_options: dict | None = None) -> tuple[dict, np.ndarray | None, str | None]:
     """(meta, lengths, why unusable) of one sidecar; lengths only if usable."""
     if not exists(path, storage_options):
         return {}, None, "no sidecar"

@@ -16,14 +16,14 @@ from typing import Any
 
 import numpy as np
 
+from ..core.validation import check_int
 from .audio import HEADER_BYTES, audio_ext
+from .catalog_file import catalog_arrays, default_catalog_path, merge_parts, part_path, write_catalog
 from .errors import ShardError
 from .lengths import LengthSpec, length_of, length_spec
-from ..core.validation import check_int
 from .reader import expand_urls, is_local, local_path, open_shard
 from .remote import is_remote
 from .remote_index import AUDIO_HEAD, READAHEAD, exists, open_ranged
-from .catalog_file import catalog_arrays, default_catalog_path, merge_parts, part_path, write_catalog
 from .sidecar import HashingStream, SidecarFile, content_hasher, shard_stat, sidecar_path, staleness, write_sidecar
 from .tar import TarScanner, sample_groups
 
@@ -57,7 +57,8 @@ def index_shard(url: str, spec: LengthSpec, storage_options: dict | None = None,
     if remote:
         stat = stat or shard_stat(url, storage_options)
         # A miss fetches a whole member head (pax header, record, header, first data block) in one GET.
-        f = open_ranged(url, stat["size"], storage_options, readahead=1 << 20 if spec.needs_all_members() else READAHEAD)
+        readahead = 1 << 20 if spec.needs_all_members() else READAHEAD
+        f = open_ranged(url, stat["size"], storage_options, readahead=readahead)
     else:
         f = open_shard(url, seekable)
         if hasher is not None and not seekable:
