@@ -124,6 +124,7 @@ class ShardCache:
         self._taken: set[ShardRef] = set()
         self._failed: dict[ShardRef, ShardError] = {}
         self._sizes: dict[ShardRef, int] = {}
+        self.sidecars: set[ShardRef] = set()  # sidecar copies this process read (released at the epoch's end)
         self._closed = False
 
     # ------------------------------------------------------------ paths

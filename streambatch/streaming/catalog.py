@@ -61,12 +61,13 @@ class Catalog:
         as they were when the catalog was opened."""
         return self.all_lengths[self.starts[shard] : self.starts[shard + 1]].astype(np.int64)
 
-    def table(self, shard: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def table(self, shard: int, copy: str | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(keys (n,) bytes, offsets (n,) int64, sizes (n,) int64) of one
-        shard, validated, and the same as when the catalog was opened."""
+        shard, validated, and the same as when the catalog was opened.
+        ``copy``: a local copy of a remote sidecar to read instead."""
         path, url = self.sidecars[shard], self.urls[shard]
         try:
-            with SidecarFile(path, self.storage_options) as sc:
+            with SidecarFile(copy or path, self.storage_options) as sc:
                 keys, offsets, sizes = sc.table()
         except OSError as exc:
             if exc.errno in _OUT_OF_RESOURCES:

@@ -12,7 +12,7 @@ from typing import Any
 
 from .cache import ShardCache, ShardRef, run_dir, sweep_dead_runs
 from .reader import is_local
-from .remote import RetryPolicy, scrub_options
+from .remote import RetryPolicy, is_remote, scrub_options
 from .remote_reader import RemoteWindowReader
 
 
@@ -105,7 +105,17 @@ class RemoteIO:
             return ShardRef(catalog.urls[s], size, etags[s] if etags is not None and etags[s] else None)
 
         remote = [not is_local(u) for u in catalog.urls]
-        return RemoteWindowReader(cache, ref, catalog.table, remote.__getitem__, rank, worker, stride, start)
+
+        def table(s: int, cache: ShardCache):
+            # A sidecar in object storage is downloaded once per rank (first worker, under the cache's
+            # lock) instead of once per worker and window; the rank's workers share the copy.
+            if not is_remote(catalog.sidecars[s]):
+                return catalog.table(s)
+            sidecar = ShardRef(catalog.sidecars[s])
+            cache.sidecars.add(sidecar)
+            return catalog.table(s, copy=cache.fetch(sidecar))
+
+        return RemoteWindowReader(cache, ref, table, remote.__getitem__, rank, worker, stride, start)
 
     def __repr__(self) -> str:
         return (f"RemoteIO(cache={self.directory!r}, storage_options={scrub_options(self.storage_options)!r}, "

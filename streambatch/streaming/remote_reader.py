@@ -50,7 +50,7 @@ class RemoteWindowReader:
     """Samples of remote shards for one process (a DataLoader worker).
 
     refs(shard) -> ShardRef of the whole shard (URL, size, ETag);
-    table(shard) -> (keys, offsets (n,) int64, sizes (n,) int64) from its sidecar;
+    table(shard, cache) -> (keys, offsets (n,) int64, sizes (n,) int64) from its sidecar;
     is_remote(shard) -> bool. worker / stride / start: this process's
     position in the rank's steps (worker w of N starts at step start and
     yields every N-th).
@@ -71,7 +71,7 @@ class RemoteWindowReader:
     def _table(self, shard: int):
         t = self._tables.get(shard)
         if t is None:
-            t = self._tables[shard] = self.table(shard)
+            t = self._tables[shard] = self.table(shard, self.cache)
         return t
 
     def _covered(self, shard: int, off: int, end: int, pieces: dict[int, list[ShardRef]]) -> bool:
@@ -199,9 +199,13 @@ class RemoteWindowReader:
             self.cache.release(p, tag, consumers)
 
     def leave(self) -> None:
-        """The epoch is done: release every piece (the last consumer deletes it)."""
+        """The epoch is done: release every piece (the last consumer deletes
+        it), and the sidecar copies every worker of the rank read."""
         while self._held:
             self._release(self._held.pop(0))
+        for ref in self.cache.sidecars:
+            self.cache.release(ref, "sidecars", self.stride)
+        self.cache.sidecars.clear()
 
     def close(self) -> None:
         """Stop prefetching; pieces of an unfinished epoch stay for the others."""
