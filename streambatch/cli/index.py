@@ -1,29 +1,69 @@
-"""``streambatch index``: write the sidecar indexes ``StreamingBatches`` reads."""
+"""``streambatch index``: write the sidecar indexes and the catalog ``StreamingBatches`` reads."""
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import sys
-
-from .plan import shard_list
-from .report import audio_time
 from typing import Any
 
 from .args import Formatter, positive_float, whole
+from .plan import shard_list
+from .report import audio_time
 
+
+def storage_options(pairs: list[str]) -> dict:
+    """``KEY=VALUE`` pairs as fsspec options: VALUE parsed as JSON when it is
+    (true, 3, {"a": 1}), else kept as a string; dotted keys nest
+    (``client_kwargs.endpoint_url=...``)."""
+    out: dict = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise ValueError(f"--storage-option takes KEY=VALUE (e.g. anon=true), got {pair!r}")
+        try:
+            parsed = json.loads(value)
+        except ValueError:
+            parsed = value
+        node = out
+        parts = key.split(".")
+        for part in parts[:-1]:
+            node = node.setdefault(part, {})
+        node[parts[-1]] = parsed
+    return out
+
+
+def torchrun_part() -> tuple[int, int] | None:
+    """(RANK, WORLD_SIZE) when launched by torchrun (or any launcher setting them), else None."""
+    if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
+        return int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    return None
 
 
 def run_index(args: argparse.Namespace) -> int:
-    from ..streaming import index_shards
+    from ..streaming.indexer import index_shards, merge_catalog, parse_part
 
     shards = [u for text in args.shards for u in shard_list(text)]
+    options = storage_options(args.storage_option) or None
+    catalog = False if args.no_catalog else (args.catalog or True)
+    if args.merge:
+        meta = merge_catalog(shards, args.merge, index_dir=args.index_dir, catalog=args.catalog,
+                             storage_options=options)
+        print(f"merged {args.merge} parts: catalog of {meta['shards']:,} shards, {meta['samples']:,} samples")
+        return 0
+    part = parse_part(args.part) if args.part else torchrun_part()
     s = index_shards(shards, length_from=args.length_from, frames_per_second=args.frames_per_second,
                      index_dir=args.index_dir, workers=args.workers,
-                     progress=not args.no_progress and sys.stderr.isatty(), force=args.force)
+                     progress=not args.no_progress and sys.stderr.isatty(), force=args.force,
+                     storage_options=options, part=part, catalog=catalog)
+    if part is not None and part[1] > 1 and not args.part and not args.no_catalog:
+        _merge_under_torchrun(shards, part, args, options)
     fps = args.frames_per_second
     sec = (lambda v: f" ({v / fps:.1f} s)") if fps else (lambda v: "")
     where = f"in {args.index_dir}" if args.index_dir else "next to the shards"
-    print(f"{s.shards:,} shards: {s.indexed:,} indexed, {s.current:,} already current ({s.seconds:.1f} s); "
+    of = f" (part {part[0]} of {part[1]})" if part is not None and part[1] > 1 else ""
+    print(f"{s.shards:,} shards{of}: {s.indexed:,} indexed, {s.current:,} already current ({s.seconds:.1f} s); "
           f"sidecars {where}")
     print(f"  samples          {s.samples:,}")
     total = f"{s.total_length:,}"
@@ -34,8 +74,30 @@ def run_index(args: argparse.Namespace) -> int:
         print("  length           " + ", ".join(f"{k} {v:,}{sec(v)}" for k, v in s.percentiles.items()))
     pattern = args.shards[0] if len(args.shards) == 1 else "SHARDS..."
     flags = f" --index-dir {args.index_dir}" if args.index_dir else ""  # the sidecars tell plan the frame rate
-    print(f"next: streambatch plan '{pattern}'{flags} --max-batch-tokens 16000 --world-size 8")
+    if args.part:
+        print(f"next, once all {part[1]} parts are done: streambatch index '{pattern}'{flags} --merge {part[1]}")
+    else:
+        print(f"next: streambatch plan '{pattern}'{flags} --max-batch-tokens 16000 --world-size 8")
     return 0
+
+
+def _merge_under_torchrun(shards, part, args, options) -> None:
+    """Every rank has written its part: meet at a barrier, rank 0 merges."""
+    import torch.distributed as dist
+
+    from ..streaming.indexer import merge_catalog
+
+    own = not dist.is_initialized()
+    if own:
+        dist.init_process_group("gloo")
+    try:
+        dist.barrier()
+        if part[0] == 0:
+            merge_catalog(shards, part[1], index_dir=args.index_dir, catalog=args.catalog, storage_options=options)
+        dist.barrier()
+    finally:
+        if own:
+            dist.destroy_process_group()
 
 
 def add_parser(sub: Any) -> None:
@@ -46,15 +108,32 @@ def add_parser(sub: Any) -> None:
         "`streambatch plan` read them.\n\n"
         "examples:\n"
         "  streambatch index 'data/train-{000000..000999}.tar' --frames-per-second 50\n"
-        "  streambatch index data/*.tar --length-from audio --frames-per-second 100"))
-    ix.add_argument("shards", nargs="+", metavar="SHARD", help="shard paths, brace patterns, URLs or directories of .tar shards")
+        "  streambatch index data/*.tar --length-from audio --frames-per-second 100\n"
+        "  streambatch index 's3://bucket/train-{000000..000999}.tar' --fps 50 \\\n"
+        "      -s endpoint_url=http://minio:9000\n"
+        "  streambatch index 'hf://datasets/org/name/train-{0000..0099}.tar' --fps 50 --index-dir idx/\n"
+        "  streambatch index SHARDS --part 3/16 ... ; then: streambatch index SHARDS --merge 16"))
+    ix.add_argument("shards", nargs="+", metavar="SHARD",
+                    help="shard paths, brace patterns, URLs or directories of .tar shards")
     ix.add_argument("--length-from", default="json:duration", metavar="SOURCE",
                     help="json:FIELD (a field of the .json member), audio (header of the first audio member) "
                          "or audio:SUFFIX")
     ix.add_argument("--frames-per-second", "--fps", type=positive_float, metavar="FPS",
                     help="the value is seconds: length = ceil(seconds x this)")
-    ix.add_argument("--index-dir", metavar="DIR", help="write sidecars here (required for remote shards; default: next to each shard)")
-    ix.add_argument("--workers", type=whole(1), metavar="N", help="processes scanning shards (default: CPU count)")
+    ix.add_argument("--index-dir", metavar="DIR", help="write sidecars here, a local directory or a URL (default: "
+                    "next to each shard, through fsspec for s3://, gs://, hf://; required for pipe: and plain http)")
+    ix.add_argument("--workers", type=whole(1), metavar="N",
+                    help="shards scanned at once (default: CPU count of processes; remote shards: 16 threads)")
     ix.add_argument("--force", action="store_true", help="re-index shards whose sidecar is current")
+    ix.add_argument("--storage-option", "-s", action="append", default=[], metavar="KEY=VALUE",
+                    help="fsspec option for remote shards, repeatable (e.g. endpoint_url=http://host:9000, "
+                         "anon=true); credentials come from the environment as usual, never from logs")
+    ix.add_argument("--catalog", metavar="PATH", help="the catalog file to write (default: <index-dir or the "
+                    "first shard's directory>/streambatch.catalog.npz)")
+    ix.add_argument("--no-catalog", action="store_true", help="write sidecars only")
+    ix.add_argument("--part", metavar="I/N", help="index only part I of N (shard k with k %% N == I) and write "
+                    "catalog part I; under torchrun RANK/WORLD_SIZE split the work without this")
+    ix.add_argument("--merge", type=whole(1), metavar="N", help="merge the N catalog parts into the catalog "
+                    "(after every --part run finished)")
     ix.add_argument("--no-progress", action="store_true", help="no progress bar")
     ix.set_defaults(run=("index", "run_index"))

@@ -22,9 +22,12 @@ from typing import Any
 
 import numpy as np
 
+from .catalog_file import is_catalog, read_catalog
 from .errors import ShardError
 from .lengths import length_spec
 from .reader import expand_urls, is_local
+from .remote import is_remote
+from .remote_index import exists
 from .sidecar import VERIFY_MODES, SidecarFile, _digest, sidecar_path, staleness
 
 _OUT_OF_RESOURCES = (errno.EMFILE, errno.ENFILE, errno.ENOMEM)
@@ -34,7 +37,10 @@ _OUT_OF_RESOURCES = (errno.EMFILE, errno.ENFILE, errno.ENOMEM)
 class Catalog:
     """urls: shard URLs in the order given; sidecars: their sidecar paths;
     counts: (S,) int64 samples per shard; digests: per-sidecar content hash,
-    as opened. ``lengths(s)`` comes from memory, ``table(s)`` from the sidecar."""
+    as opened. ``lengths(s)`` comes from memory, ``table(s)`` from the sidecar.
+    sizes: (S,) int64 shard bytes as indexed (-1: unknown) and etags (S,) str
+    ('' : unknown), for remote shards; storage_options reach remote sidecars.
+    A catalog file (``catalog_file.py``) gives all of these in one read."""
 
     urls: tuple[str, ...]
     sidecars: tuple[str, ...]
@@ -42,6 +48,9 @@ class Catalog:
     digests: tuple[str, ...]
     all_lengths: np.ndarray = field(repr=False)  # (N,) uint16/uint32/int64, shard after shard
     starts: np.ndarray = field(repr=False)  # (S + 1,) int64 offsets of each shard's lengths
+    sizes: np.ndarray | None = field(default=None, repr=False)
+    etags: tuple[str, ...] | None = field(default=None, repr=False)
+    storage_options: dict | None = field(default=None, repr=False)
 
     @property
     def num_samples(self) -> int:
@@ -52,12 +61,13 @@ class Catalog:
         as they were when the catalog was opened."""
         return self.all_lengths[self.starts[shard] : self.starts[shard + 1]].astype(np.int64)
 
-    def table(self, shard: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def table(self, shard: int, copy: str | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(keys (n,) bytes, offsets (n,) int64, sizes (n,) int64) of one
-        shard, validated, and the same as when the catalog was opened."""
+        shard, validated, and the same as when the catalog was opened.
+        ``copy``: a local copy of a remote sidecar to read instead."""
         path, url = self.sidecars[shard], self.urls[shard]
         try:
-            with SidecarFile(path) as sc:
+            with SidecarFile(copy or path, self.storage_options) as sc:
                 keys, offsets, sizes = sc.table()
         except OSError as exc:
             if exc.errno in _OUT_OF_RESOURCES:
@@ -88,12 +98,13 @@ def _narrow(lengths: np.ndarray) -> np.ndarray:
     return lengths
 
 
-def _load(url: str, path: str, spec) -> tuple[dict, np.ndarray | None, str | None]:
+def _load(url: str, path: str, spec,
+          storage_options: dict | None = None) -> tuple[dict, np.ndarray | None, str | None]:
     """(meta, lengths, why unusable) of one sidecar; lengths only if usable."""
-    if not os.path.exists(path):
+    if not exists(path, storage_options):
         return {}, None, "no sidecar"
     try:
-        with SidecarFile(path) as sc:
+        with SidecarFile(path, storage_options) as sc:
             why = staleness(url, sc.meta, verify="stat")
             if why is None and spec is not None and sc.meta["length_from"] != spec.describe():
                 why = f"lengths came from {sc.meta['length_from']!r}, not {spec.describe()!r}"
@@ -111,8 +122,10 @@ def _load(url: str, path: str, spec) -> tuple[dict, np.ndarray | None, str | Non
 
 def open_catalog(urls: Any, *, index_dir: str | None = None, index_missing: bool = False,
                  length_from: Any = None, frames_per_second: Any = None, index_workers: int | None = 1,
-                 url_hint: str | None = None, verify: str = "stat") -> Catalog:
-    """Find and check every shard's sidecar, and read every sample's length.
+                 url_hint: str | None = None, verify: str = "stat", storage_options: dict | None = None) -> Catalog:
+    """Find and check every shard's sidecar, and read every sample's length;
+    or read a catalog file (``urls`` = ``.../NAME.catalog.npz``, local or
+    remote: one request, no sidecar opened).
 
     A missing, stale or invalid sidecar is an error naming the ``streambatch
     index`` command to run; with ``index_missing`` local shards are indexed
@@ -124,6 +137,8 @@ def open_catalog(urls: Any, *, index_dir: str | None = None, index_missing: bool
     """
     if verify not in VERIFY_MODES:
         raise ValueError(f"verify must be one of {VERIFY_MODES}, got {verify!r}")
+    if is_catalog(urls):
+        return _from_file(os.fspath(urls), length_from, frames_per_second, storage_options)
     urls = expand_urls(urls)
     paths = [sidecar_path(u, index_dir) for u in urls]
     dup = _first_duplicate(paths)
@@ -133,7 +148,11 @@ def open_catalog(urls: Any, *, index_dir: str | None = None, index_missing: bool
             "shards indexed into one index_dir need distinct file names"
         )
     spec = length_spec(length_from, frames_per_second) if length_from is not None else None
-    loaded = [_load(url, path, spec) for url, path in zip(urls, paths)]
+    if any(is_remote(p) for p in paths):  # one request each: overlap them
+        with ThreadPoolExecutor(16) as pool:
+            loaded = list(pool.map(lambda up: _load(up[0], up[1], spec, storage_options), zip(urls, paths)))
+    else:
+        loaded = [_load(url, path, spec) for url, path in zip(urls, paths)]
     if verify == "full":
         ok = [i for i, (_, lens, _) in enumerate(loaded) if lens is not None]
         with ThreadPoolExecutor(min(8, os.cpu_count() or 1)) as pool:  # hashing and reads release the GIL
@@ -158,7 +177,21 @@ def open_catalog(urls: Any, *, index_dir: str | None = None, index_missing: bool
     parts = [lens for _, lens, _ in loaded]
     all_lengths = np.concatenate(parts) if parts else np.zeros(0, np.uint16)
     starts = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
-    return Catalog(tuple(urls), tuple(paths), counts, tuple(m["digest"] for m, _, _ in loaded), all_lengths, starts)
+    sizes = np.array([m["size"] if m.get("size") is not None else -1 for m, _, _ in loaded], dtype=np.int64)
+    return Catalog(tuple(urls), tuple(paths), counts, tuple(m["digest"] for m, _, _ in loaded), all_lengths, starts,
+                   sizes, tuple(m.get("etag") or "" for m, _, _ in loaded), storage_options)
+
+
+def _from_file(path: str, length_from: Any, frames_per_second: Any, storage_options: dict | None) -> Catalog:
+    c = read_catalog(path, storage_options)
+    if length_from is not None:
+        want = length_spec(length_from, frames_per_second).describe()
+        if c["meta"]["length_from"] != want:
+            raise ValueError(f"catalog {path} holds lengths from {c['meta']['length_from']!r}, not {want!r}; "
+                             "re-index with the same --length-from/--frames-per-second or drop length_from")
+    starts = np.concatenate([[0], np.cumsum(c["counts"])]).astype(np.int64)
+    return Catalog(tuple(c["urls"]), tuple(c["sidecars"]), c["counts"].astype(np.int64), tuple(c["digests"]),
+                   c["lengths"], starts, c["sizes"], tuple(c["etags"]), storage_options)
 
 
 def _first_duplicate(paths: list[str]) -> tuple[int, int] | None:

@@ -24,9 +24,12 @@ from ..torch_glue.elastic import SharedSegments, dataset_state_from_loader, is_l
 from .affinity import warm_up as warm_up_affine
 from .audio import decode_audio
 from .catalog import Catalog, open_catalog
+from .catalog_file import catalog_urls, is_catalog
 from .errors import ShardError
 from .position import SharedState, read_position
-from .reader import LocalReader, expand_urls, is_local, read_stream_regions
+from .reader import LocalReader, expand_urls, is_local
+from .remote import RetryPolicy
+from .remote_io import RemoteIO, check_identity, lookahead
 from .replan import plain_inputs, plan_windows, summarize_windows
 from .sources import SourceCatalog, is_sources, mixed_inputs, open_sources, source_of_shards
 from .tar import parse_sample
@@ -104,7 +107,14 @@ class StreamingBatches(IterableDataset):
         collectives, none in DataLoader workers. ``"full"`` also re-hashes
         every shard and compares it with the content digest taken when it was
         indexed (catches any edit; reads every byte once), instead of the cheap
-        size/mtime check.
+        size/mtime check. Remote shards are checked against the size and ETag
+        recorded at indexing (each rank checks 1/W of them) unless False.
+    storage_options, cache_dir, prefetch_shards, prefetch_bytes, retry:
+        remote shards (``s3://``, ``gs://``, ``https://``, ``hf://``, ``pipe:``;
+        ``urls`` may be a ``*.catalog.npz`` written by ``streambatch index``):
+        fsspec options (never logged), the node-local cache directory, how many
+        shard ranges (bytes) to download ahead per worker, and the
+        ``RetryPolicy`` (or a number of retries); see ``remote_io.RemoteIO``.
     """
 
     def __init__(self, urls: Any, max_batch_tokens: Any, max_batch_size: Any = 64, *,
@@ -115,7 +125,8 @@ class StreamingBatches(IterableDataset):
                  frames_per_second: Any = None, index_workers: Any = 1, decode: Any = None,
                  collate_fn: Callable | None = None, on_error: str = "raise", verify: bool = True,
                  max_length: Any = None, long_samples: str = "drop", samples_per_epoch: Any = None,
-                 **planner_options: Any):
+                 storage_options: dict | None = None, cache_dir: str | None = None, prefetch_shards: Any = 4,
+                 prefetch_bytes: Any = None, retry: Any = None, **planner_options: Any):
         super().__init__()
         failure: BaseException | None = None
         world: Any = world_size
@@ -138,7 +149,8 @@ class StreamingBatches(IterableDataset):
                     raise ValueError(f"mixed sources are streamed with read_mode='sample', got {read_mode!r}")
                 read_mode = "sample"
             if read_mode is None:
-                read_mode = "sample" if all(is_local(u) for u in expand_urls(urls)) else "shard"
+                shard_urls = catalog_urls(urls, storage_options) if is_catalog(urls) else expand_urls(urls)
+                read_mode = "sample" if all(is_local(u) for u in shard_urls) else "shard"
             read_mode = check_read_mode(read_mode)
             if window_samples is None:
                 window_samples = default_window(read_mode, world)
@@ -177,13 +189,20 @@ class StreamingBatches(IterableDataset):
                     self.sources = open_sources(urls, samples_per_epoch=samples_per_epoch, index_dir=index_dir,
                                                 index_missing=index_missing, length_from=length_from,
                                                 frames_per_second=frames_per_second, index_workers=index_workers,
-                                                verify=verify_shards)
+                                                verify=verify_shards, storage_options=storage_options)
                     self.catalog: Catalog = self.sources.catalog
                 else:
                     self.catalog = open_catalog(
                         urls, index_dir=index_dir, index_missing=index_missing, length_from=length_from,
                         frames_per_second=frames_per_second, index_workers=index_workers,
-                        url_hint=urls if isinstance(urls, str) else None, verify=verify_shards)
+                        url_hint=urls if isinstance(urls, str) else None, verify=verify_shards,
+                        storage_options=storage_options)
+                if self.verify:  # remote shards changed since indexing: fail now, not mid-epoch
+                    check_identity(self.catalog, rank, world, storage_options,
+                                   retry if isinstance(retry, RetryPolicy) else None)
+                self.remote = RemoteIO.for_catalog(self.catalog, rank, storage_options=storage_options,
+                                                   cache_dir=cache_dir, prefetch_shards=prefetch_shards,
+                                                   prefetch_bytes=prefetch_bytes, retry=retry)
                 self.fingerprint = self.fingerprint_at(world)
                 if self.catalog.num_samples == 0:
                     raise ValueError(f"the {len(self.catalog.urls)} shards hold no samples; check the shard list")
@@ -209,7 +228,6 @@ class StreamingBatches(IterableDataset):
         self._local_resume: dict[str, Any] | None = None
         self._slot = 0  # this process's skip counter: the main process's, or a worker's (set per pass)
         self.bytes_read = 0  # tar bytes this process read (files and streams)
-        self._stream_bytes = 0
 
     def fingerprint_at(self, world_size: int) -> int:
         """The state fingerprint of these shards (and sources) and settings at ``world_size``."""
@@ -414,14 +432,19 @@ class StreamingBatches(IterableDataset):
 
     def _generate(self, epoch: int, start: int, stride: int, limit: int, segments: Segments = ()):
         reader = LocalReader()
+        # Remote shards: byte ranges downloaded whole into a node-local cache, read by offset (remote_io.py).
+        info = get_worker_info()
+        remote = self.remote.reader(self.catalog, self.rank, info.id if info is not None else 0, stride, start)
         total = 0
         tables: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
         try:
-            for win in self._windows(epoch, segments):
+            for win, nxt in lookahead(self._windows(epoch, segments), remote is not None):
                 lo, hi = win.first_step, win.first_step + win.num_steps
                 total = hi
                 first = start if lo <= start else start + -(-(lo - start) // stride) * stride
                 steps = range(first, hi, stride)
+                if remote is not None:
+                    remote.enter(epoch, win, nxt)
                 if not steps:
                     continue  # planned from lengths only: no tar data read
                 batches = [win.plan.batch(s - lo, self.rank) for s in steps]
@@ -433,58 +456,33 @@ class StreamingBatches(IterableDataset):
                 for s in shards.tolist():
                     if s not in tables:
                         try:
-                            tables[s] = self.catalog.table(s)
+                            if remote is not None and not is_local(self.catalog.urls[s]):
+                                tables[s] = remote.shard_table(s)
+                            else:
+                                tables[s] = self.catalog.table(s)
                         except ShardError as exc:
                             if self.on_error == "raise":
                                 raise
                             tables[s] = exc  # each of the shard's samples is skipped and counted below
                 reader.keep_only(self.catalog.urls[s] for s in shards.tolist())
-                prefetched = self._prefetch(win, mine, tables)
                 for s, idx in zip(steps, batches):
-                    batch = [x for x in (self._sample(win, i, tables, reader, prefetched) for i in idx.tolist())
+                    batch = [x for x in (self._sample(win, i, tables, reader, remote) for i in idx.tolist())
                              if x is not None]
                     self._pos["step"] = s + stride
-                    self.bytes_read = reader.bytes_read + self._stream_bytes
+                    self.bytes_read = reader.bytes_read + (remote.bytes_read if remote is not None else 0)
                     yield self.collate_fn(batch) if self.collate_fn is not None else batch
-                prefetched.clear()
+            if remote is not None:
+                remote.leave()
             if start > total + limit:
                 raise ValueError(f"resuming at step {start} of epoch {epoch}, which has only {total} steps: the "
                                  "state or start batch does not belong to this dataset")
         finally:
-            self.bytes_read = reader.bytes_read + self._stream_bytes
+            self.bytes_read = reader.bytes_read + (remote.bytes_read if remote is not None else 0)
             reader.close()
+            if remote is not None:
+                remote.close()
 
-    def _prefetch(self, win, mine: np.ndarray, tables) -> dict:
-        """Bytes of this process's samples in the window's non-local shards.
-
-        A stream cannot seek, so each such shard is read once from its start
-        to this process's last sample in it, and the samples are kept.
-        """
-        out: dict[tuple[int, int], Any] = {}
-        ids = win.shard_ids[mine]
-        for s in np.unique(ids).tolist():
-            url = self.catalog.urls[s]
-            if is_local(url) or isinstance(tables[s], Exception):
-                continue
-            _, offsets, sizes = tables[s]
-            loc = win.local[mine[ids == s]]
-            regions = [(int(offsets[i]), int(sizes[i])) for i in loc.tolist()]
-            got: dict[int, bytes] = {}
-            try:
-                _, consumed = read_stream_regions(url, regions, got)
-            except ShardError as exc:
-                if self.on_error == "raise":
-                    raise
-                consumed = sum(len(b) for b in got.values())
-                for off, _ in regions:  # only the samples the stream did not deliver fail
-                    if off not in got:
-                        out[(s, off)] = exc
-            self._stream_bytes += consumed
-            for off, buf in got.items():
-                out[(s, off)] = buf
-        return out
-
-    def _sample(self, win, i: int, tables, reader: LocalReader, prefetched: dict):
+    def _sample(self, win, i: int, tables, reader: LocalReader, remote):
         shard = int(win.shard_ids[i])
         local = int(win.local[i])
         url = self.catalog.urls[shard]
@@ -497,9 +495,7 @@ class StreamingBatches(IterableDataset):
             if is_local(url):
                 buf = reader.read(url, offset, size)
             else:
-                buf = prefetched[(shard, offset)]
-                if isinstance(buf, Exception):
-                    raise buf
+                buf = remote.read(shard, offset, size)
             sample = parse_sample(buf, url, offset, key)
             if self.decode is not None:
                 try:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import sys
 import time
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
 from typing import Any
 
@@ -18,21 +18,28 @@ import numpy as np
 
 from ..core.validation import check_int
 from .audio import HEADER_BYTES, audio_ext
+from .catalog_file import catalog_arrays, default_catalog_path, merge_parts, part_path, write_catalog
 from .errors import ShardError
 from .lengths import LengthSpec, length_of, length_spec
 from .reader import expand_urls, is_local, local_path, open_shard
+from .remote import is_remote
+from .remote_index import AUDIO_HEAD, READAHEAD, exists, open_ranged
 from .sidecar import HashingStream, SidecarFile, content_hasher, shard_stat, sidecar_path, staleness, write_sidecar
 from .tar import TarScanner, sample_groups
 
 
-def index_shard(url: str, spec: LengthSpec, hasher=None) -> dict[str, np.ndarray]:
+def index_shard(url: str, spec: LengthSpec, storage_options: dict | None = None,
+                stat: dict | None = None, hasher=None) -> dict[str, np.ndarray]:
     """Scan one shard and return its sidecar arrays (see ``sidecar.py``).
 
     Local shards are scanned by seeking from header to header, reading only
-    the members (or member heads) that ``spec`` needs; streams are read whole
-    (and fed to ``hasher``, a hashlib object, if given).
+    the members (or member heads) that ``spec`` needs; so are remote (fsspec)
+    shards, through small ranged reads (``remote_index.py``); pipes are read
+    whole (and fed to ``hasher``, a hashlib object, if given).
     """
-    seekable = is_local(url)
+    remote = is_remote(url)
+    seekable = is_local(url) or remote
+    head = AUDIO_HEAD if remote else HEADER_BYTES
     keys: list[bytes] = []
     lengths: list[int] = []
     offsets: list[int] = []
@@ -45,11 +52,17 @@ def index_shard(url: str, spec: LengthSpec, hasher=None) -> dict[str, np.ndarray
         if not spec.wants(suffix):
             return None
         # WAV/FLAC frame counts sit in the first bytes: on a file, skip the audio.
-        return HEADER_BYTES if seekable and audio_ext(suffix) in ("wav", "flac") else -1
+        return head if seekable and audio_ext(suffix) in ("wav", "flac") else -1
 
-    f = open_shard(url, seekable)
-    if hasher is not None and not seekable:
-        f = HashingStream(f, hasher)
+    if remote:
+        stat = stat or shard_stat(url, storage_options)
+        # A miss fetches a whole member head (pax header, record, header, first data block) in one GET.
+        readahead = 1 << 20 if spec.needs_all_members() else READAHEAD
+        f = open_ranged(url, stat["size"], storage_options, readahead=readahead)
+    else:
+        f = open_shard(url, seekable)
+        if hasher is not None and not seekable:
+            f = HashingStream(f, hasher)
     try:
         for sample in sample_groups(TarScanner(f, url), want):
 
@@ -71,7 +84,7 @@ def index_shard(url: str, spec: LengthSpec, hasher=None) -> dict[str, np.ndarray
     finally:
         f.close()
     if seekable:
-        file_size = os.path.getsize(local_path(url))
+        file_size = stat["size"] if remote else os.path.getsize(local_path(url))
         if end > file_size:
             raise ShardError(f"shard {url} is truncated: its last sample ends at byte {end}, the file has {file_size}")
     return {
@@ -109,17 +122,32 @@ def _init_worker(spec: LengthSpec) -> None:
     _WORKER_SPEC = spec
 
 
-def _index_one(url: str, path: str, spec: LengthSpec | None = None) -> np.ndarray:
+def _index_one(url: str, path: str, spec: LengthSpec | None = None, storage_options: dict | None = None,
+               stat: dict | None = None) -> tuple[np.ndarray, dict]:
     spec = spec or _WORKER_SPEC
-    stat = shard_stat(url)  # before the scan: a shard changed meanwhile then shows as stale
+    stat = stat or shard_stat(url, storage_options)  # before the scan: a shard changed meanwhile then shows as stale
     if stat:
-        arrays = index_shard(url, spec)
-    else:  # a stream is read whole by the scan: take its content digest on the way
+        arrays = index_shard(url, spec, storage_options, stat)
+    else:  # a pipe is read whole by the scan: take its content digest on the way
         h = content_hasher()
-        arrays = index_shard(url, spec, h)
+        arrays = index_shard(url, spec, hasher=h)
         stat = {"content": h.hexdigest()}
-    write_sidecar(path, url, arrays, spec, stat)
-    return arrays["lengths"]
+    meta = write_sidecar(path, url, arrays, spec, stat, storage_options)
+    return arrays["lengths"], meta
+
+
+def _current(url: str, path: str, spec: LengthSpec, storage_options: dict | None):
+    """(lengths, meta, stat) of a sidecar that still describes its shard, or (None, None, stat)."""
+    stat = shard_stat(url, storage_options) if is_remote(url) else None
+    try:
+        if not exists(path, storage_options):
+            return None, None, stat
+        with SidecarFile(path, storage_options) as sc:
+            if sc.meta["length_from"] == spec.describe() and staleness(url, sc.meta, stat) is None:
+                return sc.lengths(), sc.meta, stat
+    except (ShardError, OSError):
+        pass  # unreadable or invalid: index it again
+    return None, None, stat
 
 
 def _progress(total: int, enabled: bool):
@@ -149,37 +177,59 @@ class _PlainProgress:
 
 def index_shards(urls: Any, *, length_from: Any = "json:duration", frames_per_second: Any = None,
                  index_dir: str | None = None, workers: int | None = None, progress: bool = True,
-                 force: bool = False) -> IndexSummary:
-    """Write a sidecar for every shard that lacks a current one.
+                 force: bool = False, storage_options: dict | None = None, part: Any = None,
+                 catalog: str | bool | None = None) -> IndexSummary:
+    """Write a sidecar for every shard that lacks a current one, then the
+    dataset's catalog file.
 
-    urls: a brace pattern, a path or a list of shard URLs.
+    urls: a brace pattern, a path or a list of shard URLs (local, ``pipe:``
+        or any fsspec URL: ``s3://``, ``gs://``, ``https://``, ``hf://``).
     length_from / frames_per_second: see ``LengthSpec``.
-    workers: processes scanning shards in parallel (default: CPU count;
-    1 scans in this process, which also allows lambdas as ``length_from``).
+    index_dir: where sidecars go (local or remote; default next to each shard).
+    workers: shards scanned in parallel (default: CPU count for local shards,
+        processes; 16 threads for remote shards, which wait on the network).
+        1 scans in this process, which also allows lambdas as ``length_from``.
     force: re-index shards even when their sidecar is current.
+    storage_options: fsspec options for remote shards and sidecars.
+    part: ``(i, n)`` or ``"i/n"``: index only shards k with k % n == i
+        (one of n machines) and write catalog part i; merge the parts with
+        ``merge_catalog``. None: every shard, then the catalog itself.
+    catalog: path/URL of the catalog file to write, True for the default
+        ``<index_dir or the first shard's directory>/streambatch.catalog.npz``,
+        False for none; None (default): the default path when any shard is
+        remote or ``part`` is given, else none.
     A sidecar written with another ``length_from`` counts as stale.
     """
     t0 = time.perf_counter()
-    urls = expand_urls(urls)
+    all_urls = expand_urls(urls)
     spec = length_spec(length_from, frames_per_second)
-    workers = check_int("workers", (os.cpu_count() or 1) if workers is None else workers, 1)
+    i_part, n_parts = parse_part(part)
+    urls = all_urls[i_part::n_parts]
+    remote = any(is_remote(u) for u in urls)
+    default_workers = 16 if remote else (os.cpu_count() or 1)
+    workers = check_int("workers", default_workers if workers is None else workers, 1)
     paths = [sidecar_path(u, index_dir) for u in urls]
-    todo, lengths = [], {}
-    for i, (url, path) in enumerate(zip(urls, paths)):
-        if not force and os.path.exists(path):
-            try:
-                with SidecarFile(path) as sc:
-                    if sc.meta["length_from"] == spec.describe() and staleness(url, sc.meta) is None:
-                        lengths[i] = sc.lengths()
-                        continue
-            except (ShardError, OSError):
-                pass  # unreadable or invalid: index it again
-        todo.append(i)
+    todo, lengths, metas, stats = [], {}, {}, {}
+    if force:
+        todo = list(range(len(urls)))
+    else:
+        checks = _map(lambda i: _current(urls[i], paths[i], spec, storage_options), range(len(urls)),
+                      workers if remote else 1)
+        for i, (got, meta, stat) in enumerate(checks):
+            if got is None:
+                todo.append(i)
+                stats[i] = stat
+            else:
+                lengths[i], metas[i] = got, meta
     bar = _progress(len(todo), progress and bool(todo))
     try:
-        if workers == 1 or len(todo) <= 1:
-            for i in todo:
-                lengths[i] = _index_one(urls[i], paths[i], spec)
+        if remote or workers == 1 or len(todo) <= 1:
+            # Remote shards: threads (the work is waiting on ranged reads).
+            def one(i):
+                return i, _index_one(urls[i], paths[i], spec, storage_options, stats.get(i))
+
+            for i, (got, meta) in _map(one, todo, 1 if len(todo) <= 1 else workers, ordered=False):
+                lengths[i], metas[i] = got, meta
                 if bar:
                     bar.update(1)
         else:
@@ -190,18 +240,63 @@ def index_shards(urls: Any, *, length_from: Any = "json:duration", frames_per_se
             with ProcessPoolExecutor(min(workers, len(todo)), mp_context=ctx, initializer=_init_worker,
                                      initargs=(spec,)) as pool:
                 futures = {pool.submit(_index_one, urls[i], paths[i]): i for i in todo}
-                from concurrent.futures import as_completed
-
                 for fut in as_completed(futures):
-                    lengths[futures[fut]] = fut.result()
+                    lengths[futures[fut]], metas[futures[fut]] = fut.result()
                     if bar:
                         bar.update(1)
     finally:
         if bar:
             bar.close()
+    if catalog is None:
+        catalog = remote or n_parts > 1
+    if catalog is not False and urls:
+        target = os.fspath(catalog) if not isinstance(catalog, bool) else default_catalog_path(all_urls, index_dir)
+        meta, arrays = catalog_arrays(urls, paths, [metas[i] for i in range(len(urls))],
+                                      [lengths[i] for i in range(len(urls))], spec.describe())
+        write_catalog(target if n_parts == 1 else part_path(target, i_part, n_parts), meta, arrays,
+                      storage_options)
     every = np.concatenate([lengths[i] for i in range(len(urls))]) if urls else np.zeros(0, np.int64)
     qs = {"min": 0, "p5": 5, "p50": 50, "p95": 95, "max": 100}
     pct = {k: int(np.percentile(every, q, method="nearest")) for k, q in qs.items()} if every.size else {}
     return IndexSummary(len(urls), len(todo), len(urls) - len(todo), int(every.size), int(every.sum()), pct,
                         time.perf_counter() - t0)
 
+
+def parse_part(part: Any) -> tuple[int, int]:
+    """(i, n) from None (0, 1), ``(i, n)`` or ``"i/n"``, checked: 0 <= i < n."""
+    if part is None:
+        return 0, 1
+    if isinstance(part, str):
+        i, sep, n = part.partition("/")
+        if not sep or not i.strip().isdigit() or not n.strip().isdigit():
+            raise ValueError(f"part must look like I/N (e.g. 3/16: the 4th of 16 machines), got {part!r}")
+        part = (int(i), int(n))
+    if (not isinstance(part, (tuple, list)) or len(part) != 2
+            or not all(isinstance(x, int) and not isinstance(x, bool) for x in part)):
+        raise ValueError(f"part must be (i, n) or 'i/n', got {part!r}")
+    i, n = part
+    if n < 1 or not 0 <= i < n:
+        raise ValueError(f"part {i}/{n} is out of range: need N >= 1 and 0 <= I < N (parts count from 0)")
+    return i, n
+
+
+def merge_catalog(urls: Any, parts: int, *, index_dir: str | None = None, catalog: str | None = None,
+                  storage_options: dict | None = None) -> dict:
+    """Merge the ``parts`` catalog parts written by ``index_shards(part=...)``
+    into the catalog. Returns the catalog's meta."""
+    target = os.fspath(catalog) if catalog else default_catalog_path(expand_urls(urls), index_dir)
+    return merge_parts(target, parts, storage_options)
+
+
+def _map(fn, items, workers: int, ordered: bool = True):
+    """fn over items in this thread (workers == 1) or a thread pool."""
+    items = list(items)
+    if workers <= 1 or len(items) <= 1:
+        yield from (fn(x) for x in items)
+        return
+    with ThreadPoolExecutor(min(workers, len(items))) as pool:
+        if ordered:
+            yield from pool.map(fn, items)
+        else:
+            for fut in as_completed([pool.submit(fn, x) for x in items]):
+                yield fut.result()

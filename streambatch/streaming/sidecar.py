@@ -30,13 +30,17 @@ Staleness, i.e. what a current sidecar guarantees (``staleness``):
   compared with the one recorded at index time: any change is caught, at the
   cost of reading every byte once per open.
 
-Remote streams are checked only with ``verify="full"``; otherwise a changed
-stream shows up as a key mismatch when a sample is read.
+``pipe:`` streams are checked only with ``verify="full"``; otherwise a
+changed stream shows up as a key mismatch when a sample is read. Remote
+(fsspec) shards are checked by size and ETag, against ``stat`` (their
+current ones) when it is given; their sidecars may live in object storage
+too (read in one GET, written in one PUT).
 """
 
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import os
 import tempfile
@@ -49,6 +53,7 @@ from ..core.units import MAX_LENGTH
 from .errors import ShardError
 from .lengths import LengthSpec
 from .reader import is_local, local_path, open_stream, url_basename
+from .remote import is_remote
 
 SIDECAR_SUFFIX = ".idx.npz"
 FORMAT = "streambatch-index"
@@ -120,10 +125,16 @@ def _digest(arrays: dict[str, np.ndarray]) -> str:
 
 
 def sidecar_path(url: str, index_dir: str | None = None) -> str:
-    """Where the sidecar of ``url`` lives: next to a local shard, or in
-    ``index_dir`` under the shard's file name (required for remote shards)."""
+    """Where the sidecar of ``url`` lives: next to the shard (a local file or
+    an fsspec URL), or in ``index_dir`` (local or remote) under the shard's
+    file name (required for ``pipe:`` shards)."""
     if index_dir is not None:
-        return os.path.join(os.fspath(index_dir), url_basename(url) + SIDECAR_SUFFIX)
+        index_dir = os.fspath(index_dir)
+        if is_remote(index_dir):
+            return index_dir.rstrip("/") + "/" + url_basename(url) + SIDECAR_SUFFIX
+        return os.path.join(index_dir, url_basename(url) + SIDECAR_SUFFIX)
+    if is_remote(url):
+        return url.split("?", 1)[0] + SIDECAR_SUFFIX
     if not is_local(url):
         raise ValueError(
             f"shard {url!r} is not a local file, so its sidecar cannot sit next to it; pass index_dir= "
@@ -132,10 +143,15 @@ def sidecar_path(url: str, index_dir: str | None = None) -> str:
     return local_path(url) + SIDECAR_SUFFIX
 
 
-def shard_stat(url: str) -> dict[str, Any]:
+def shard_stat(url: str, storage_options: dict | None = None) -> dict[str, Any]:
     """Identity of a local shard (size, mtime, fingerprint, content digest:
-    this reads the whole file once); {} for streams, whose content digest the
+    this reads the whole file once); of a remote (fsspec) shard, its size and
+    ETag (one metadata request); {} for pipes, whose content digest the
     indexer takes while scanning."""
+    if is_remote(url):
+        from .remote_index import remote_stat
+
+        return remote_stat(url, storage_options)
     if not is_local(url):
         return {}
     path = local_path(url)
@@ -147,11 +163,17 @@ def shard_stat(url: str) -> dict[str, Any]:
             "content": content_digest(url)}
 
 
-def write_sidecar(path: str, url: str, arrays: dict[str, np.ndarray], spec: LengthSpec, stat: dict) -> dict:
-    """Write a sidecar atomically (temp file + rename), so concurrent indexers
-    of the same shard never leave a torn file. Returns its meta."""
+def write_sidecar(path: str, url: str, arrays: dict[str, np.ndarray], spec: LengthSpec, stat: dict,
+                  storage_options: dict | None = None) -> dict:
+    """Write a sidecar atomically (temp file + rename, or one object PUT), so
+    concurrent indexers of the same shard never leave a torn file. Returns its meta."""
     meta = {"format": FORMAT, "version": VERSION, "url": url, "samples": int(arrays["lengths"].size),
             "length_from": spec.describe(), "digest": _digest(arrays), **stat}
+    if is_remote(path):
+        from .remote_index import npz_bytes, write_bytes
+
+        write_bytes(path, npz_bytes(meta, arrays), storage_options)
+        return meta
     directory = os.path.dirname(os.path.abspath(path))
     os.makedirs(directory, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=directory, prefix=".tmp-", suffix=SIDECAR_SUFFIX)
@@ -186,9 +208,14 @@ class SidecarFile:
     same file even if the sidecar is replaced meanwhile. Use as a context
     manager; ``meta`` is read and validated on open."""
 
-    def __init__(self, path: str):
+    def __init__(self, path: str, storage_options: dict | None = None):
         self.path = path
-        self._fh = open(path, "rb")  # noqa: SIM115 (closed by close()); OSError passes through as is
+        if is_remote(path):  # one GET; the sidecar is small
+            from .remote_index import read_npz_bytes
+
+            self._fh = io.BytesIO(read_npz_bytes(path, storage_options))
+        else:
+            self._fh = open(path, "rb")  # noqa: SIM115 (closed by close()); OSError passes through as is
         try:
             try:
                 self._zip = zipfile.ZipFile(self._fh)
@@ -337,15 +364,15 @@ def _check_meta(meta: Any, path: str) -> dict:
     return meta
 
 
-def read_meta(path: str) -> dict:
+def read_meta(path: str, storage_options: dict | None = None) -> dict:
     """The validated meta of a sidecar."""
-    with SidecarFile(path) as sc:
+    with SidecarFile(path, storage_options) as sc:
         return sc.meta
 
 
-def read_arrays(path: str, names: tuple[str, ...]) -> tuple[np.ndarray, ...]:
+def read_arrays(path: str, names: tuple[str, ...], storage_options: dict | None = None) -> tuple[np.ndarray, ...]:
     """Validated arrays of one sidecar (any of ``ARRAYS``), read from one open file."""
-    with SidecarFile(path) as sc:
+    with SidecarFile(path, storage_options) as sc:
         out: dict[str, np.ndarray] = {}
         if "lengths" in names:
             out["lengths"] = sc.lengths()
@@ -359,6 +386,13 @@ def staleness(url: str, meta: dict, stat: dict | None = None, verify: str = "sta
     (see the module docstring for what each ``verify`` mode guarantees)."""
     if verify not in VERIFY_MODES:
         raise ValueError(f"verify must be one of {VERIFY_MODES}, got {verify!r}")
+    if is_remote(url):
+        if stat:
+            if stat.get("size") != meta.get("size"):
+                return f"the shard has {stat.get('size')} bytes, the sidecar was written for {meta.get('size')}"
+            if stat.get("etag") and meta.get("etag") and stat["etag"] != meta["etag"]:
+                return f"the shard's ETag is {stat['etag']}, the sidecar was written for {meta['etag']}"
+        return None
     if is_local(url):
         path = local_path(url)
         try:

@@ -1,0 +1,191 @@
+"""Remote-shard settings of a ``StreamingBatches`` and the per-iteration
+reader it makes (the glue between the dataset and ``cache.py``)."""
+
+from __future__ import annotations
+
+import atexit
+import numbers
+import os
+import shutil
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+from .cache import ShardCache, ShardRef, run_dir, sweep_dead_runs
+from .reader import is_local
+from .remote import RetryPolicy, is_remote, scrub_options
+from .remote_reader import RemoteWindowReader
+
+
+def lookahead(items: Iterable, enabled: bool = True) -> Iterator[tuple[Any, Any]]:
+    """(item, next item or None) pairs; with ``enabled=False`` never peeks
+    (next is always None), so a lazy iterable stays lazy."""
+    it = iter(items)
+    if not enabled:
+        for x in it:
+            yield x, None
+        return
+    sentinel = object()
+    cur = next(it, sentinel)
+    while cur is not sentinel:
+        nxt = next(it, sentinel)
+        yield cur, (None if nxt is sentinel else nxt)
+        cur = nxt
+
+
+def _check_count(name: str, value: Any, low: int, allow_none: bool = False) -> int | None:
+    if value is None and allow_none:
+        return None
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < low:
+        extra = " or None" if allow_none else ""
+        raise ValueError(f"{name} must be an integer >= {low}{extra}, got {value!r}")
+    return int(value)
+
+
+class RemoteIO:
+    """How a dataset reads its remote shards; picklable, so DataLoader
+    workers get a copy and each builds its own reader.
+
+    storage_options: passed to fsspec for every remote URL (endpoint,
+        credentials, anonymous access); never logged.
+    cache_dir: root of the node-local shard cache (default: under the
+        system temp dir); each rank of each run gets its own subdirectory,
+        removed when the process that built the dataset exits. Must be a
+        local disk with room for a window of this rank's shards plus the
+        prefetched ones.
+    prefetch_shards / prefetch_bytes: download at most this many shards
+        (bytes) ahead of the reader, per DataLoader worker.
+    retry: a ``RetryPolicy`` (or an int: the number of retries).
+    """
+
+    def __init__(self, remote: bool, directory: str | None, storage_options: dict | None, retry: RetryPolicy,
+                 prefetch_shards: int, prefetch_bytes: int | None, threads: int = 2):
+        self.remote = remote
+        self.directory = directory
+        self.storage_options = storage_options
+        self.retry = retry
+        self.prefetch_shards = prefetch_shards
+        self.prefetch_bytes = prefetch_bytes
+        self.threads = threads
+
+    @classmethod
+    def for_catalog(cls, catalog, rank: int, *, storage_options: dict | None = None, cache_dir: str | None = None,
+                    prefetch_shards: Any = 4, prefetch_bytes: Any = None, retry: Any = None) -> RemoteIO:
+        if storage_options is not None and not isinstance(storage_options, dict):
+            raise TypeError(f"storage_options must be a dict of fsspec options or None, got "
+                            f"{type(storage_options).__name__}")
+        if cache_dir is not None and not isinstance(cache_dir, (str, os.PathLike)):
+            raise TypeError(f"cache_dir must be a directory path or None, got {type(cache_dir).__name__}")
+        prefetch_shards = _check_count("prefetch_shards", prefetch_shards, 1)
+        prefetch_bytes = _check_count("prefetch_bytes", prefetch_bytes, 1, allow_none=True)
+        if retry is None:
+            retry = RetryPolicy()
+        elif not isinstance(retry, RetryPolicy):
+            retry = RetryPolicy(retries=_check_count("retry", retry, 0))
+        remote = any(not is_local(u) for u in catalog.urls)
+        directory = None
+        if remote:
+            root = os.fspath(cache_dir) if cache_dir is not None else None
+            sweep_dead_runs(root)
+            directory = run_dir(root, os.getpid(), rank)
+            atexit.register(_remove_tree, directory, os.getpid())
+        return cls(remote, directory, storage_options, retry, prefetch_shards, prefetch_bytes)
+
+    def reader(self, catalog, rank: int, worker: int, stride: int, start: int) -> RemoteWindowReader | None:
+        """A reader for one pass of one process, or None when every shard is local."""
+        if not self.remote:
+            return None
+        cache = ShardCache(self.directory, self.storage_options, retry=self.retry,
+                           prefetch_shards=self.prefetch_shards, prefetch_bytes=self.prefetch_bytes,
+                           threads=self.threads)
+        sizes = getattr(catalog, "sizes", None)
+        etags = getattr(catalog, "etags", None)
+
+        def ref(s: int) -> ShardRef:
+            size = int(sizes[s]) if sizes is not None and sizes[s] >= 0 else None
+            return ShardRef(catalog.urls[s], size, etags[s] if etags is not None and etags[s] else None)
+
+        remote = [not is_local(u) for u in catalog.urls]
+
+        def table(s: int, cache: ShardCache):
+            # A sidecar in object storage is downloaded once per rank (first worker, under the cache's
+            # lock) instead of once per worker and window; the rank's workers share the copy.
+            if not is_remote(catalog.sidecars[s]):
+                return catalog.table(s)
+            sidecar = ShardRef(catalog.sidecars[s])
+            cache.sidecars.add(sidecar)
+            return catalog.table(s, copy=cache.fetch(sidecar))
+
+        return RemoteWindowReader(cache, ref, table, remote.__getitem__, rank, worker, stride, start)
+
+    def __repr__(self) -> str:
+        return (f"RemoteIO(cache={self.directory!r}, storage_options={scrub_options(self.storage_options)!r}, "
+                f"prefetch_shards={self.prefetch_shards}, prefetch_bytes={self.prefetch_bytes}, retry={self.retry})")
+
+
+def _remove_tree(path: str, owner: int) -> None:
+    if os.getpid() == owner:  # not in a forked child that inherited the handler
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def check_identity(catalog, rank: int, world_size: int, storage_options: dict | None = None,
+                   retry: RetryPolicy | None = None, threads: int = 16) -> None:
+    """Before training: compare the size and ETag recorded at indexing with
+    the objects' current ones, for this rank's share (shard k with k % W ==
+    rank) of the remote shards; raise ShardError naming the stale ones.
+
+    Shards sharing a directory are checked with one listing where the
+    backend lists sizes (S3, GCS: 1,000 objects per request), else with one
+    metadata request each, in ``threads`` threads.
+    """
+    from concurrent.futures import ThreadPoolExecutor
+
+    from .errors import ShardError
+    from .remote import RemoteShard, filesystem, is_remote, object_identity, scrub_url
+
+    sizes = getattr(catalog, "sizes", None)
+    if sizes is None:
+        return
+    etags = catalog.etags or ("",) * len(catalog.urls)
+    mine = [k for k in range(rank, len(catalog.urls), world_size)
+            if is_remote(catalog.urls[k]) and sizes[k] >= 0]
+    if not mine:
+        return
+    by_dir: dict[str, list[int]] = {}
+    for k in mine:
+        by_dir.setdefault(catalog.urls[k].split("?", 1)[0].rsplit("/", 1)[0], []).append(k)
+    found: dict[int, tuple[int | None, str | None]] = {}
+    for directory, ks in by_dir.items():
+        if len(ks) < 32:
+            continue
+        try:
+            fs, path = filesystem(directory, storage_options)
+            listing = {e["name"].rstrip("/").rsplit("/", 1)[-1]: object_identity(e)
+                       for e in fs.ls(path, detail=True)}
+        except Exception:  # no listing here (e.g. plain HTTP): fall back to one request per shard
+            continue
+        for k in ks:
+            got = listing.get(catalog.urls[k].split("?", 1)[0].rsplit("/", 1)[-1])
+            if got is not None and got[0] is not None:
+                found[k] = got
+
+    def info(k: int):
+        try:
+            return k, RemoteShard(catalog.urls[k], storage_options, retry=retry).info()
+        except ShardError as exc:
+            return k, (None, f"unreadable: {exc}")
+
+    rest = [k for k in mine if k not in found]
+    if rest:
+        with ThreadPoolExecutor(min(threads, len(rest))) as pool:
+            found.update(dict(pool.map(info, rest)))
+    stale = []
+    for k in mine:
+        size, etag = found[k]
+        if size is None and etag and etag.startswith("unreadable: "):
+            stale.append(etag[len("unreadable: "):])
+        elif size != sizes[k] or (etag and etags[k] and etag != etags[k]):
+            stale.append(f"{scrub_url(catalog.urls[k])} ({size} bytes, ETag {etag}; indexed: {sizes[k]} "
+                         f"bytes, ETag {etags[k] or '?'})")
+    if stale:
+        raise ShardError(f"{len(stale)} shards changed since they were indexed or cannot be read (first: "
+                         f"{stale[0]}); re-index them with `streambatch index --force` before training")
