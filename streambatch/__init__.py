@@ -21,6 +21,8 @@ _LAZY = {
     "ShardError": ".streaming",
     "collate_audio": ".streaming",
     "decode_audio": ".streaming",
+    "GlobalBatchSampler": ".integrations.accelerate",
+    "seconds_to_frames": ".core.units",
 }
 
 __all__ = ["CostModel", "Mix", "Plan", "PLANNERS", "make_plan", *_LAZY]
