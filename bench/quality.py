@@ -65,11 +65,11 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from distributions import DISTRIBUTIONS, FRAME_RATE, make_lengths  # noqa: E402
-
-from streambatch.planners.bucketed.plan import plan_bucketed  # noqa: E402
 from streambatch.core.cost import CostModel  # noqa: E402
 from streambatch.planners import PLANNERS, make_plan, register_planner  # noqa: E402
+from streambatch.planners.bucketed.plan import plan_bucketed  # noqa: E402
+
+from distributions import DISTRIBUTIONS, FRAME_RATE, make_lengths  # noqa: E402
 
 N = 20_000
 N_LARGE = 200_000  # enough steps at W = 64 for the targets to be reachable

@@ -17,8 +17,8 @@ import time
 
 import numpy as np
 
-from streambatch.streaming import StreamingBatches, decode_audio, index_shards
 from streambatch.cli.corpus import make_shards
+from streambatch.streaming import StreamingBatches, decode_audio, index_shards
 
 
 def rss_mb() -> float:

@@ -11,8 +11,8 @@ from __future__ import annotations
 import argparse
 import os
 
-from streambatch.streaming import index_shards
 from streambatch.cli.corpus import make_shards
+from streambatch.streaming import index_shards
 
 
 def main(argv=None) -> None:

@@ -10,8 +10,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from streambatch.planners.bucketed.kernels import batch_cost
 from streambatch.core.cost import KINDS, CostModel, resolve_cost
+from streambatch.planners.bucketed.kernels import batch_cost
+
 from helpers import examples
 
 MODELS = [CostModel.linear(), CostModel.quadratic(), CostModel.quadratic_duration(1500),

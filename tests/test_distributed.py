@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch.distributed as dist
 import torch.multiprocessing as mp
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader
+
 from helpers import Echo, free_port
 
 pytestmark = pytest.mark.slow  # real multi-process runs

@@ -10,8 +10,9 @@ import torch
 from hypothesis import event, example, given, settings
 from hypothesis import strategies as st
 
-from streambatch.planners import reference as naive
 from streambatch import make_plan
+from streambatch.planners import reference as naive
+
 from helpers import examples
 
 

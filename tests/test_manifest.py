@@ -12,6 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from streambatch.cli.manifest import read_lengths
+
 from helpers import examples
 
 
@@ -119,7 +120,8 @@ def test_column_vector_npy_is_accepted(tmp_path):
     ("l.txt", "1\n2\n", "duration", None, r"--field only applies to JSON"),
     ("l.txt", "\n# nothing\n", None, None, r"holds no lengths"),
     ("c.jsonl", '{"duration": 1}\n{"dur": 2}\n', None, None, r"c.jsonl line 2: no field 'duration'"),
-    ("c.jsonl", '{"id": 1, "start": 0}\n', None, None, r"line 1: no duration or audio_duration field \(keys: id, start\); pass --field"),
+    ("c.jsonl", '{"id": 1, "start": 0}\n', None, None,
+     r"line 1: no duration or audio_duration field \(keys: id, start\); pass --field"),
     ("c.jsonl", '{"duration": 1}\n{"duration": \n', None, None, r"c.jsonl line 2: invalid JSON"),
     ("c.jsonl", '{"duration": "long"}\n', None, None, r"line 1, field 'duration': 'long' is not a number"),
     ("c.jsonl", '{"duration": 1}\n\n{"duration": 2.5}\n', None, None, r"line 3, field 'duration': 2.5 is fractional"),

@@ -15,9 +15,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from helpers import examples
 from streambatch import make_plan
 from streambatch.planners import PLANNERS, Planner, UnknownOptionError, register_planner
+
+from helpers import examples
 
 NAMES = sorted(PLANNERS)
 

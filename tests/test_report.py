@@ -8,8 +8,19 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from streambatch import make_plan
-from streambatch.cli.report import (bar, histogram, nice_width, plan_batches, plot_plan, plot_throughput, quality,
-                                    rank_batches, seconds_label, step_balance)
+from streambatch.cli.report import (
+    bar,
+    histogram,
+    nice_width,
+    plan_batches,
+    plot_plan,
+    plot_throughput,
+    quality,
+    rank_batches,
+    seconds_label,
+    step_balance,
+)
+
 from helpers import examples
 
 

@@ -2,17 +2,20 @@
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader
 
-from streambatch.planners.reference import padded_rank_batches, seed_rank_batches
-from roundtrip import check_state_roundtrip
 from streambatch import DynamicBatchSampler
+from streambatch.planners.reference import padded_rank_batches, seed_rank_batches
+
 from helpers import Echo, examples, lognormal_lengths
+from roundtrip import check_state_roundtrip
 
 
 @settings(max_examples=examples(60), deadline=None)
@@ -46,8 +49,8 @@ def test_state_roundtrip_mid_end_and_next_epoch():
     lengths = lognormal_lengths(3000)
     for world_size, drop_last in [(1, False), (4, False), (4, True)]:
         check_state_roundtrip(
-            lambda: DynamicBatchSampler(lengths, 4000, 32, drop_last=drop_last, rank=world_size - 1,
-                                        world_size=world_size, seed=7),
+            functools.partial(DynamicBatchSampler, lengths, 4000, 32, drop_last=drop_last, rank=world_size - 1,
+                              world_size=world_size, seed=7),
             key=tuple, epochs=2, cuts=(0.0, 0.37, 0.5, 1.0))
 
 

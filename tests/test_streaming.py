@@ -13,12 +13,13 @@ import pytest
 import torch
 from torch.utils.data import DataLoader
 
-from roundtrip import check_state_roundtrip
-from shards import FPS, SAMPLE_RATE, write_corpus
+from streambatch.planners import PLANNERS
 from streambatch.streaming import ShardError, StreamingBatches, collate_audio, index_shards, sidecar_path
 from streambatch.streaming.lengths import length_spec
 from streambatch.streaming.sidecar import read_arrays, shard_stat, write_sidecar
-from streambatch.planners import PLANNERS
+
+from roundtrip import check_state_roundtrip
+from shards import FPS, SAMPLE_RATE, write_corpus
 
 SIZES = [37, 23, 41, 0, 29, 35, 18, 44, 31, 26, 39, 22]
 BUDGET, CAP = 400, 12
@@ -197,8 +198,8 @@ def test_resume_at_random_points_reads_only_what_remains(corpus):
         reads = []
         orig = fresh._sample
 
-        def spy(win, i, *a, _orig=orig):
-            reads.append(1)
+        def spy(win, i, *a, _orig=orig, _reads=reads):
+            _reads.append(1)
             return _orig(win, i, *a)
 
         fresh._sample = spy
@@ -325,7 +326,7 @@ def test_corrupt_sample_raises_or_is_skipped_in_step(corpus, tmp_path):
     with pytest.raises(ShardError, match=rf"{os.path.basename(paths[4])} at byte {bad_at}.*{bad_key}"):
         list(ds)
     ref = run_ranks(corpus, 2)
-    got, skipped = [], 0
+    got = []
     for r in range(2):
         ds = StreamingBatches(paths, BUDGET, CAP, window_samples=90, rank=r, world_size=2, on_error="skip")
         got.append(keys(DataLoader(ds, batch_size=None, num_workers=2)))

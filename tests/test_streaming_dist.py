@@ -6,17 +6,17 @@ from __future__ import annotations
 import collections
 import json
 import os
-import socket
 import subprocess
 import sys
 
 import pytest
 import torch.multiprocessing as mp
 
+from streambatch.streaming import StreamingBatches, index_shards
+
+from helpers import free_port
 from launch_torchrun import BUDGET, CAP, WINDOW, run_rank
 from shards import FPS, write_corpus
-from streambatch.streaming import StreamingBatches, index_shards
-from helpers import free_port
 
 pytestmark = pytest.mark.slow  # real multi-process runs
 

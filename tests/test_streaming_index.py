@@ -6,17 +6,19 @@ import io
 import json
 import os
 import shutil
+from pathlib import Path
 
 import numpy as np
 import pytest
 import soundfile
 
-from shards import FPS, SAMPLE_RATE, audio_bytes, write_corpus, write_with_shardwriter, wds_samples
 from streambatch.streaming import ShardError, StreamingBatches, index_shards, length_spec, sidecar_path
 from streambatch.streaming.audio import audio_info, flac_info, wav_info
-from streambatch.streaming.sidecar import read_arrays, read_meta, shard_stat, write_sidecar
 from streambatch.streaming.reader import LocalReader, expand_urls
+from streambatch.streaming.sidecar import read_arrays, read_meta, shard_stat, write_sidecar
 from streambatch.streaming.tar import parse_sample
+
+from shards import FPS, SAMPLE_RATE, audio_bytes, wds_samples, write_corpus, write_with_shardwriter
 
 
 @pytest.fixture(scope="module")
@@ -175,7 +177,8 @@ def test_corrupt_and_truncated_shards_name_shard_and_offset(corpus, tmp_path):
     with open(paths[0], "r+b") as f:
         f.seek(bad_at + 10)
         f.write(b"\xff\xfe")
-    with pytest.raises(ShardError, match=rf"corrupt tar header in shard .*{os.path.basename(paths[0])} at byte {bad_at}"):
+    name = os.path.basename(paths[0])
+    with pytest.raises(ShardError, match=rf"corrupt tar header in shard .*{name} at byte {bad_at}"):
         index_shards(paths[:1], frames_per_second=FPS, workers=1, progress=False, force=True)
     size = os.path.getsize(paths[2])
     with open(paths[2], "r+b") as f:
@@ -227,7 +230,7 @@ def test_demo_corpus_is_reproducible_and_streams(tmp_path):
 
     a = make_shards(str(tmp_path / "a"), 2, 6, seed=4, sample_rate=8000, median_seconds=0.5, speech="generated")
     b = make_shards(str(tmp_path / "b"), 2, 6, seed=4, sample_rate=8000, median_seconds=0.5, speech="generated")
-    assert [open(x, "rb").read() for x in a] == [open(x, "rb").read() for x in b]
+    assert [Path(x).read_bytes() for x in a] == [Path(x).read_bytes() for x in b]
     summary = index_shards(a, frames_per_second=50, workers=1, progress=False)
     assert summary.samples == 12
     assert oct(os.stat(sidecar_path(a[0])).st_mode & 0o777) == oct(0o666 & ~_umask())

@@ -11,18 +11,18 @@ loaded. The pure-Python seed comparison and compile times come from
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import platform
 import sys
 import time
 from collections.abc import Callable, Iterable
+from typing import Any
 
 import numpy as np
 
-from . import benchmark
 from ..planners import make_plan
-from typing import Any
-
+from . import benchmark
 from .args import Formatter, whole
 
 
@@ -70,7 +70,7 @@ def sweep(sizes: Iterable[int], worlds: Iterable[int], planners: Iterable[str], 
             lengths = every[:n]
             for w in worlds:
                 progress(f"{name} N={n:,} W={w}")
-                run = lambda: make_plan(lengths, benchmark.BUDGET, benchmark.CAP, w, planner=name)  # noqa: E731
+                run = functools.partial(make_plan, lengths, benchmark.BUDGET, benchmark.CAP, w, planner=name)
                 reps = repeats or (3 if n < 10_000_000 else 1)
                 t = time.perf_counter()
                 peak = benchmark.peak_growth(run)  # also the first timed run: at 40M samples each run counts
@@ -153,7 +153,8 @@ def add_parser(sub: Any, planners: list[str]) -> None:
     b.add_argument("-w", "--worlds", type=whole(1), nargs="+", default=[8, 64], metavar="W", help="world sizes")
     b.add_argument("--planners", nargs="+", choices=planners, default=planners, metavar="P",
                    help=f"planners to time (default: all: {' '.join(planners)})")
-    b.add_argument("--repeats", type=whole(1), metavar="R", help="timed runs per cell, best kept (default: 3, 1 from N >= 1e7)")
+    b.add_argument("--repeats", type=whole(1), metavar="R",
+                   help="timed runs per cell, best kept (default: 3, 1 from N >= 1e7)")
     b.add_argument("--seed-n", type=whole(0), default=20_000, metavar="N",
                    help="samples for the pure-Python seed comparison (0 skips it)")
     b.add_argument("--seed-worlds", type=whole(1), nargs="+", default=[8], metavar="W",

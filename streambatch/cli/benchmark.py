@@ -8,6 +8,7 @@ processes. Nothing here is asserted: these are measurements.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import subprocess
@@ -90,7 +91,7 @@ def versus_seed(n: int = 20_000, worlds: Iterable[int] = (1, 8, 16, 64), planner
         seed_s = time.perf_counter() - t
         for name in planners:
             progress(f"{name}, N={n:,}, W={w}")
-            plan = lambda: make_plan(lengths, BUDGET, CAP, w, planner=name)  # noqa: E731
+            plan = functools.partial(make_plan, lengths, BUDGET, CAP, w, planner=name)
             plan()  # compile / load from cache
             s = best_time(plan, repeats=5)
             rows.append({"world_size": w, "planner": name, "seconds": s, "seed_seconds": seed_s,

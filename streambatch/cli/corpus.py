@@ -21,7 +21,7 @@ import tempfile
 
 import numpy as np
 
-_WORDS = ("the quick brown fox jumps over a lazy dog while seven bright stars rise above quiet hills "
+_WORDS = ("the quick brown fox jumps over a lazy dog while seven bright stars rise above quiet hills "  # noqa: SIM905 (a sentence reads better)
           "and distant rivers carry old songs toward morning light under silver clouds").split()
 _MTIME = 1_700_000_000  # fixed member mtimes: identical bytes on every run
 
@@ -78,14 +78,15 @@ def make_shards(out_dir: str, n_shards: int = 8, samples_per_shard: int = 100, s
         raise ValueError(f"speech must be 'auto', 'espeak' or 'generated', got {speech!r}")
     have_espeak = shutil.which("espeak-ng") is not None
     if speech == "espeak" and not have_espeak:
-        raise ValueError("speech='espeak' needs espeak-ng on PATH (e.g. apt-get install espeak-ng); use speech='generated'")
+        raise ValueError("speech='espeak' needs espeak-ng on PATH (e.g. apt-get install espeak-ng); "
+                         "use speech='generated'")
     use_espeak = have_espeak and speech != "generated"
     rng = np.random.default_rng(seed)
     os.makedirs(out_dir, exist_ok=True)
     pattern = os.path.join(out_dir, f"{prefix}-%06d.tar")
     paths = [pattern % i for i in range(n_shards)]
     n = 0
-    for shard, path in enumerate(paths):
+    for path in paths:
         with wds.TarWriter(path, mtime=_MTIME) as sink:
             for seconds in durations(samples_per_shard, rng, median=median_seconds):
                 words = max(1, int(round(seconds * 2.5)))

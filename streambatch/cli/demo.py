@@ -14,12 +14,11 @@ import os
 import shutil
 import tempfile
 import time
+from typing import Any
 
 import numpy as np
 
 from ..core.units import seconds_to_frames
-from typing import Any
-
 from .args import Formatter, add_plan_args, whole
 
 FPS = 50  # planning frames per second of audio: lengths are ceil(duration * 50)
@@ -127,7 +126,8 @@ def _print_next(args: argparse.Namespace) -> None:
           "--world-size 8")
     print("  your shards    streambatch index 'train-{000000..000999}.tar' --frames-per-second 50")
     print("  training       StreamingBatches(urls, max_batch_tokens=16000, decode='audio', collate_fn=collate_audio)")
-    print("                 in DataLoader(ds, batch_size=None, num_workers=4), or DynamicBatchSampler for map-style data")
+    print("                 in DataLoader(ds, batch_size=None, num_workers=4), "
+          "or DynamicBatchSampler for map-style data")
     print("  speed          streambatch bench --sizes 1e6 1e7 4e7 --worlds 8 64 512")
     if args.dir:
         print(f"  this corpus    kept in {args.dir}: try streambatch plan {args.dir} --max-batch-tokens "
@@ -146,8 +146,8 @@ def check_demo_dir(path: str, force: bool) -> None:
 def planned_batches(catalog, config, epoch: int = 0):
     """Batches (see ``report.Batches``) of the epoch StreamingBatches streams
     with ``config``, planned window by window from the sidecar lengths alone."""
-    from .report import Batches, plan_batches
     from ..streaming.window import iter_windows
+    from .report import Batches, plan_batches
 
     parts = []
     for win in iter_windows(catalog.counts, catalog.lengths, config, epoch):
@@ -195,7 +195,8 @@ def add_parser(sub: Any, planners: list[str], recommended: str) -> None:
         "--speech espeak), index it, and stream it with StreamingBatches for --world-size simulated\n"
         "ranks in this process, each through a DataLoader with --workers workers. Prints steps per\n"
         "rank, padding and balance efficiency and samples/s. Takes well under a minute."))
-    d.add_argument("--dir", metavar="DIR", help="write the corpus here and keep it (default: a temporary directory, removed after)")
+    d.add_argument("--dir", metavar="DIR",
+                   help="write the corpus here and keep it (default: a temporary directory, removed after)")
     d.add_argument("--force", action="store_true", help="with --dir: write into DIR even if it is not empty "
                    "(its demo-*.tar shards and sidecars are overwritten)")
     d.add_argument("--shards", type=whole(1), default=8, metavar="N", help="shards to write")

@@ -22,7 +22,6 @@ from __future__ import annotations
 import gzip
 import io
 import json
-import math
 import numbers
 import os
 from array import array
@@ -253,7 +252,8 @@ def to_lengths(values: np.ndarray, path: str, fps: float | None, where) -> np.nd
         bad = ~np.isfinite(values) | (values < 0)
         if bad.any():
             i = int(np.flatnonzero(bad)[0])
-            raise ValueError(f"{path} {where(i)}: {float(values[i])!r} is not a valid length (lengths are finite and >= 0)")
+            raise ValueError(f"{path} {where(i)}: {float(values[i])!r} is not a valid length "
+                             "(lengths are finite and >= 0)")
     elif (values < 0).any():
         i = int(np.flatnonzero(values < 0)[0])
         raise ValueError(f"{path} {where(i)}: {values[i]} is negative (lengths are >= 0)")
@@ -266,7 +266,8 @@ def to_lengths(values: np.ndarray, path: str, fps: float | None, where) -> np.nd
         frac = values != np.floor(values)
         if frac.any():
             i = int(np.flatnonzero(frac)[0])
-            raise ValueError(f"{path} {where(i)}: {float(values[i])!r} is fractional; lengths are whole frames or tokens, "
+            raise ValueError(f"{path} {where(i)}: {float(values[i])!r} is fractional; "
+                             "lengths are whole frames or tokens, "
                              "or pass --frames-per-second (e.g. 50) to convert seconds into frames")
     if (values >= 2**62).any():
         raise ValueError(f"{path}: a length of {values.max()} is too large for int64 planning; check the units")

@@ -348,7 +348,8 @@ def plot_throughput(path: str, rows: Sequence[dict]) -> None:
                     a.plot(x, y, marker="o", label=f"{p}, {name}")
         a.set_xscale("log", base=2 if key == "world_size" else 10)
         a.set_yscale("log")
-        a.set(xlabel=xlabel, ylabel="samples planned per second", title=f"planning throughput against {xlabel.split()[-1]}")
+        a.set(xlabel=xlabel, ylabel="samples planned per second",
+              title=f"planning throughput against {xlabel.split()[-1]}")
         a.grid(True, which="both", alpha=0.3)
         a.legend(fontsize=8)
     fig.savefig(path, dpi=110)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from numba import njit
 
+
 @njit(cache=True)
 def _mix(h, v):
     # splitmix64 finaliser over (h + v); uint64 arithmetic wraps as intended.

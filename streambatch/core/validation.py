@@ -20,11 +20,13 @@ def coerce_lengths(lengths: Any) -> np.ndarray:
     if hasattr(lengths, "detach") and hasattr(lengths, "numpy"):
         lengths = lengths.detach().cpu().numpy()
     if lengths is None or isinstance(lengths, (str, bytes)):
-        raise TypeError(f"lengths must be a 1-D sequence of non-negative integers, got {lengths!r} ({type(lengths).__name__})")
+        raise TypeError("lengths must be a 1-D sequence of non-negative integers, "
+                        f"got {lengths!r} ({type(lengths).__name__})")
     try:
         arr = np.asarray(lengths)
     except (ValueError, TypeError) as exc:  # ragged nested lists and the like
-        raise ValueError(f"lengths must be a 1-D sequence of non-negative integers; numpy could not read it: {exc}") from None
+        raise ValueError("lengths must be a 1-D sequence of non-negative integers; "
+                         f"numpy could not read it: {exc}") from None
     if arr.ndim != 1:
         raise ValueError(
             f"lengths must be 1-D (one length per sample), got shape {arr.shape}; "

@@ -16,12 +16,12 @@ import numpy as np
 from ..core.config import PlanConfig, check_epoch
 from ..core.plan import Plan
 from ..core.validation import coerce_lengths
-from .base import Option, Planner, PlanFunction, UnknownOptionError
+from .base import Option, PlanFunction, Planner, UnknownOptionError
 from .bucketed.plan import PLANNER as BUCKETED
 from .greedy.plan import PLANNER as GREEDY
 
-__all__ = ["PLANNERS", "RECOMMENDED", "SEED_EXACT", "Option", "Planner", "PlanFunction", "UnknownOptionError", "check_planner", "get_planner",
-           "make_plan", "plan_epoch", "register_planner"]
+__all__ = ["PLANNERS", "RECOMMENDED", "SEED_EXACT", "Option", "Planner", "PlanFunction", "UnknownOptionError",
+           "check_planner", "get_planner", "make_plan", "plan_epoch", "register_planner"]
 
 _BUILTIN = (GREEDY, BUCKETED)
 # The map-style sampler's default reproduces the seed; everything without a seed to match uses the best planner.

@@ -224,6 +224,9 @@ def _missing_message(urls, bad, index_dir, index_missing, url_hint, spec) -> str
 def _spec_flags(spec) -> str:
     if spec.source == "fn":
         return ""  # a Python function has no command-line spelling; index_shards takes it
-    src = "json:" + ".".join(spec.field) if spec.source == "json" else "audio" + (f":{spec.suffix}" if spec.suffix else "")
+    if spec.source == "json":
+        src = "json:" + ".".join(spec.field)
+    else:
+        src = "audio" + (f":{spec.suffix}" if spec.suffix else "")
     fps = f" --frames-per-second {spec.frames_per_second:g}" if spec.frames_per_second is not None else ""
     return f" --length-from {src}{fps}"

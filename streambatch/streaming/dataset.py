@@ -14,8 +14,8 @@ from torch.utils.data import IterableDataset, get_worker_info
 from ..core import state as S
 from ..core.config import check_epoch
 from ..core.long_samples import check_max_length, too_long
-from ..core.validation import check_flag, check_int
 from ..core.plan import config_fingerprint
+from ..core.validation import check_flag, check_int
 from ..integrations.guard import check_not_prepared
 from ..planners import RECOMMENDED, plan_epoch
 from ..planners.elastic import Segments, resize

@@ -9,6 +9,7 @@ as they do there.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import re
@@ -48,7 +49,8 @@ def expand_urls(urls) -> list[str]:
     seen = set()
     for u in out:
         if u in seen:
-            raise ValueError(f"shard {u!r} is listed twice; its samples would be trained on twice. Remove the duplicate")
+            raise ValueError(f"shard {u!r} is listed twice; its samples would be trained on twice. "
+                             "Remove the duplicate")
         seen.add(u)
     return out
 
@@ -72,7 +74,8 @@ def url_basename(url: str) -> str:
     path = urlparse(url).path if not is_local(url) else local_path(url)
     name = os.path.basename(path.rstrip("/"))
     if not name:
-        raise ValueError(f"cannot name a sidecar for shard URL {url!r}: it has no file name; pass index_dir and a URL ending in the shard's name")
+        raise ValueError(f"cannot name a sidecar for shard URL {url!r}: it has no file name; "
+                         "pass index_dir and a URL ending in the shard's name")
     return name
 
 
@@ -89,19 +92,22 @@ def open_shard(url: str, seekable: bool):
 
     Compressed tars are refused: their byte offsets would not address the file.
     """
-    if seekable:
+    if not seekable:
+        return open_stream(url)
+    with contextlib.ExitStack() as on_error:  # closes the file if it is refused; the caller closes it otherwise
         try:
-            f = open(local_path(url), "rb")
+            f = on_error.enter_context(open(local_path(url), "rb"))
         except OSError as exc:
             raise ShardError(f"cannot open shard {url}: {exc}") from exc
         _refuse_compressed(url, f.read(6))
         f.seek(0)
-        return f
-    return open_stream(url)
+        on_error.pop_all()
+    return f
 
 
 def _refuse_compressed(url: str, magic: bytes) -> None:
-    if magic[:2] == b"\x1f\x8b" or magic[:3] == b"BZh" or magic[:6] == b"\xfd7zXZ\x00" or magic[:4] == b"\x28\xb5\x2f\xfd":
+    gzip, bzip2, xz, zstd = b"\x1f\x8b", b"BZh", b"\xfd7zXZ\x00", b"\x28\xb5\x2f\xfd"
+    if magic.startswith((gzip, bzip2, xz, zstd)):
         raise ShardError(
             f"shard {url} is compressed; streaming reads samples by byte offset, so shards must be plain "
             "tar (audio members are already compressed). Re-pack it with `tar` without -z/-j/-J/--zstd"
@@ -180,10 +186,8 @@ class LocalReader:
         self.keep_only(())
 
     def __del__(self):
-        try:
+        with contextlib.suppress(Exception):  # a finalizer must never raise
             self.close()
-        except Exception:
-            pass
 
 
 def read_stream_regions(url: str, regions: list[tuple[int, int]], out: dict[int, bytes] | None = None
@@ -206,13 +210,15 @@ def read_stream_regions(url: str, regions: list[tuple[int, int]], out: dict[int,
             while pos < offset:
                 chunk = stream.read(min(_SKIP_CHUNK, offset - pos))
                 if not chunk:
-                    raise ShardError(f"shard {url} ended at byte {pos}, before the sample the sidecar places at byte {offset}; re-index it with `streambatch index --force {url}`")
+                    raise ShardError(f"shard {url} ended at byte {pos}, before the sample the sidecar places "
+                                     f"at byte {offset}; re-index it with `streambatch index --force {url}`")
                 pos += len(chunk)
             parts, need = [], size
             while need:
                 chunk = stream.read(min(need, _SKIP_CHUNK))  # a corrupt size must not allocate up front
                 if not chunk:
-                    raise ShardError(f"shard {url} is truncated inside the sample at byte {offset}; re-index or replace it")
+                    raise ShardError(f"shard {url} is truncated inside the sample at byte {offset}; "
+                                     "re-index or replace it")
                 parts.append(chunk)
                 need -= len(chunk)
             out[offset] = b"".join(parts)
@@ -220,8 +226,6 @@ def read_stream_regions(url: str, regions: list[tuple[int, int]], out: dict[int,
     except OSError as exc:
         raise ShardError(f"cannot read shard {url} at byte {pos}: {exc}") from exc
     finally:
-        try:
+        with contextlib.suppress(Exception):  # a pipe closed early exits with SIGPIPE; the data we needed is read
             stream.close()
-        except Exception:  # a pipe closed early exits with SIGPIPE; the data we needed is read
-            pass
     return out, pos

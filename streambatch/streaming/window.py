@@ -34,9 +34,9 @@ from typing import Any
 import numpy as np
 
 from ..core.config import PlanConfig
+from ..core.long_samples import check_max_length
 from ..core.plan import Plan
 from ..core.validation import check_int
-from ..core.long_samples import check_max_length
 from ..planners import RECOMMENDED
 from .affinity import foreign_samples, plan_affine_window
 

@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import numpy as np
 
+from ...core.plan import Plan, assemble, finish_last_step
+from ..base import Planner
 from .kernels import greedy_steps
 from .mt19937 import mt_new, seed_key, shuffle_slice
 from .order import sortish_order
-from ...core.plan import Plan, assemble, finish_last_step
-from ..base import Planner
 
 
 def seed_chunk_size(world_size: int, max_batch_size: int) -> int:
