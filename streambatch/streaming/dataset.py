@@ -1,45 +1,51 @@
-"""``StreamingBatches``: the torch glue over sidecars, window plans and tar reads."""
+"""``StreamingBatches``: the torch glue over sidecars, window plans and tar reads.
+
+The class is split by job: constructor-time setup in ``dataset_setup.py``,
+state and resume in ``dataset_state.py``, the reading generator in
+``dataset_reading.py``; this module holds the class, its epochs and sizes."""
 
 from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
-import torch
-from torch.utils.data import IterableDataset, get_worker_info
+from torch.utils.data import IterableDataset
 
-from ..core import state as S
 from ..core.config import check_epoch
-from ..core.long_samples import check_max_length, too_long
+from ..core.long_samples import check_max_length
 from ..core.plan import config_fingerprint
 from ..core.validation import check_flag, check_int
 from ..integrations.guard import check_not_prepared
-from ..planners import RECOMMENDED, plan_epoch
-from ..planners.elastic import Segments, resize
-from ..torch_glue.distributed import active, agree, guess_world, is_distributed, resolve_world, will_check
-from ..torch_glue.elastic import SharedSegments, dataset_state_from_loader, is_loader_state
-from .affinity import warm_up as warm_up_affine
+from ..planners import RECOMMENDED
+from ..planners.elastic import Segments
+from ..torch_glue.distributed import agree, guess_world, is_distributed, resolve_world, will_check
+from ..torch_glue.elastic import SharedSegments
 from .audio import decode_audio
-from .catalog import Catalog, open_catalog
-from .catalog_file import catalog_urls, is_catalog
-from .errors import ShardError
-from .position import SharedState, read_position
-from .reader import LocalReader, expand_urls, is_local
+from .dataset_reading import ReadingMixin
+from .dataset_setup import (
+    check_output,
+    check_samples,
+    check_verify,
+    index_missing_shares,
+    open_shards,
+    resolve_read_mode,
+    warm_up,
+)
+from .dataset_state import StateMixin
+from .position import SharedState
 from .remote import RetryPolicy
-from .remote_io import RemoteIO, check_identity, lookahead
+from .remote_io import RemoteIO, check_identity
 from .replan import plain_inputs, plan_windows, summarize_windows
-from .sources import SourceCatalog, is_sources, mixed_inputs, open_sources, source_of_shards
-from .tar import parse_sample
-from .window import EpochSummary, WindowConfig, check_read_mode, default_window, iter_windows, summarize
+from .sources import SourceCatalog, is_sources, mixed_inputs, source_of_shards
+from .window import EpochSummary, Window, WindowConfig, default_window, iter_windows, summarize
 
 log = logging.getLogger("streambatch.streaming")
 
 
-
-class StreamingBatches(IterableDataset):
+class StreamingBatches(StateMixin, ReadingMixin, IterableDataset):
     """Balanced token-budget batches streamed from WebDataset tar shards.
 
     Each item is one batch: rank ``rank``'s share of one global step, a list
@@ -126,7 +132,7 @@ class StreamingBatches(IterableDataset):
                  collate_fn: Callable | None = None, on_error: str = "raise", verify: bool = True,
                  max_length: Any = None, long_samples: str = "drop", samples_per_epoch: Any = None,
                  storage_options: dict | None = None, cache_dir: str | None = None, prefetch_shards: Any = 4,
-                 prefetch_bytes: Any = None, retry: Any = None, **planner_options: Any):
+                 prefetch_bytes: Any = None, retry: Any = None, **planner_options: Any) -> None:
         super().__init__()
         failure: BaseException | None = None
         world: Any = world_size
@@ -138,38 +144,17 @@ class StreamingBatches(IterableDataset):
                 raise ValueError("samples_per_epoch applies to a mix of Source(...) entries; with one shard list "
                                  "every sample is trained once per epoch")
             index_missing = check_flag("index_missing", index_missing)
-            if isinstance(verify, str) and verify != "full":
-                raise TypeError(f"verify must be True, False or 'full', got {verify!r}")
-            verify_shards = "full" if verify == "full" else "stat"
-            self.verify = True if verify_shards == "full" else check_flag("verify", verify)
+            self.verify, verify_shards = check_verify(verify)
             rank, world = resolve_world(rank, world_size)
             max_length, long_samples = check_max_length(max_length, long_samples)
-            if mixed:
-                if read_mode not in (None, "sample"):
-                    raise ValueError(f"mixed sources are streamed with read_mode='sample', got {read_mode!r}")
-                read_mode = "sample"
-            if read_mode is None:
-                shard_urls = catalog_urls(urls, storage_options) if is_catalog(urls) else expand_urls(urls)
-                read_mode = "sample" if all(is_local(u) for u in shard_urls) else "shard"
-            read_mode = check_read_mode(read_mode)
+            read_mode = resolve_read_mode(urls, read_mode, mixed, storage_options)
             if window_samples is None:
                 window_samples = default_window(read_mode, world)
             self.config = WindowConfig.build(max_batch_tokens, max_batch_size, world, shuffle, drop_last, seed,
                                              planner, planner_options, window_samples=window_samples,
                                              read_mode=read_mode, max_length=max_length)
-            if on_error not in ("raise", "skip"):
-                raise ValueError(f"on_error must be 'raise' or 'skip', got {on_error!r}")
-            if decode is not None and decode != "audio" and not callable(decode):
-                raise ValueError(f"decode must be None, 'audio' or a function of a sample dict, got {decode!r}")
-            if collate_fn is not None and not callable(collate_fn):
-                raise TypeError(f"collate_fn must be callable or None, got {type(collate_fn).__name__}")
-            # Load the compiled planner now, so DataLoader workers forked later
-            # inherit it instead of each loading (or compiling) it again.
-            c = self.config
-            if read_mode == "shard":
-                warm_up_affine(c.max_batch_tokens, c.max_batch_size, world, c.options)
-            else:
-                plan_epoch(np.ones(world, dtype=np.int64), c, 0)
+            check_output(on_error, decode, collate_fn)
+            warm_up(self.config, world)
         except Exception as exc:  # re-raised below, after every rank has heard of it
             failure = exc
         if index_missing not in (False, 0, None) and is_distributed() and guess_world(world) > 1:
@@ -177,26 +162,17 @@ class StreamingBatches(IterableDataset):
             # after it, and carries any rank's failure to all ranks.
             if failure is None:
                 try:
-                    for u, d in ([(x.urls, x.index_dir or index_dir) for x in _as_list(urls)] if mixed
-                                 else [(urls, index_dir)]):
-                        _index_share(u, rank, world, d, length_from, frames_per_second, index_workers)
+                    index_missing_shares(urls, mixed, rank, world, index_dir, length_from, frames_per_second,
+                                         index_workers)
                 except Exception as exc:
                     failure = exc
             agree({"fingerprint": 0}, "indexing the missing shards", failure)
         if failure is None:
             try:
-                if mixed:
-                    self.sources = open_sources(urls, samples_per_epoch=samples_per_epoch, index_dir=index_dir,
-                                                index_missing=index_missing, length_from=length_from,
-                                                frames_per_second=frames_per_second, index_workers=index_workers,
-                                                verify=verify_shards, storage_options=storage_options)
-                    self.catalog: Catalog = self.sources.catalog
-                else:
-                    self.catalog = open_catalog(
-                        urls, index_dir=index_dir, index_missing=index_missing, length_from=length_from,
-                        frames_per_second=frames_per_second, index_workers=index_workers,
-                        url_hint=urls if isinstance(urls, str) else None, verify=verify_shards,
-                        storage_options=storage_options)
+                self.sources, self.catalog = open_shards(
+                    urls, mixed=mixed, samples_per_epoch=samples_per_epoch, index_dir=index_dir,
+                    index_missing=index_missing, length_from=length_from, frames_per_second=frames_per_second,
+                    index_workers=index_workers, verify_shards=verify_shards, storage_options=storage_options)
                 if self.verify:  # remote shards changed since indexing: fail now, not mid-epoch
                     check_identity(self.catalog, rank, world, storage_options,
                                    retry if isinstance(retry, RetryPolicy) else None)
@@ -204,11 +180,7 @@ class StreamingBatches(IterableDataset):
                                                    cache_dir=cache_dir, prefetch_shards=prefetch_shards,
                                                    prefetch_bytes=prefetch_bytes, retry=retry)
                 self.fingerprint = self.fingerprint_at(world)
-                if self.catalog.num_samples == 0:
-                    raise ValueError(f"the {len(self.catalog.urls)} shards hold no samples; check the shard list")
-                if long_samples == "raise":
-                    for i, url in enumerate(self.catalog.urls):
-                        too_long(self.catalog.lengths(i), max_length, long_samples, where=f" of shard {url}")
+                check_samples(self.catalog, max_length, long_samples)
             except Exception as exc:
                 failure = exc
         if will_check(verify, world):
@@ -249,7 +221,7 @@ class StreamingBatches(IterableDataset):
         epoch = self.epoch if epoch is None else check_epoch(epoch)
         return self.sources.mix.positions(epoch) if self.sources is not None else [(epoch, 0)]
 
-    def _windows(self, epoch: int, segments: Segments = ()):
+    def _windows(self, epoch: int, segments: Segments = ()) -> Iterator[Window]:
         """The epoch's planned windows, at this world size after ``segments``."""
         if self.sources is None and not segments:
             return iter_windows(self.catalog.counts, self.catalog.lengths, self.config, epoch)
@@ -314,206 +286,6 @@ class StreamingBatches(IterableDataset):
         process and all its DataLoader workers, continued from a loaded state."""
         return self._shared.skipped()
 
-    # ------------------------------------------------------------ state
-
-    def state_dict(self) -> dict[str, Any]:
-        """Position of this process's latest pass (see ``streambatch.core.state``).
-
-        In the main process (``num_workers=0``) ``step`` counts the batches
-        yielded and ``skipped`` the samples skipped by the main process and
-        its workers. In a DataLoader worker (as torchdata's StatefulDataLoader
-        saves it) ``step`` is the next step this worker yields and
-        ``skipped`` what this worker skipped. With a plain DataLoader and
-        workers, save your own step count and use ``set_start_batch``.
-        """
-        pos = self._pos
-        if pos is None or pos["epoch"] != self.epoch:
-            pending = self._shared.pending(self.epoch)
-            segments = self._segments.get(self.epoch)
-            start = pending if pending is not None else sum(k for _, k in segments)
-            pos = {"epoch": self.epoch, "step": start, "worker": None, "num_workers": 0, "segments": segments}
-        worker = pos["worker"]
-        state = {S.VERSION: S.STATE_VERSION, S.EPOCH: int(pos["epoch"]), S.STEP: int(pos["step"]), S.WORKER: worker,
-                 S.NUM_WORKERS: pos["num_workers"], S.WORLD_SIZE: self.world_size, S.SEED: self.config.seed,
-                 S.FINGERPRINT: self.fingerprint, S.CONFIG: self.config.describe(),
-                 S.SKIPPED: self._shared.skipped(None if worker is None else SharedState.slot(worker))}
-        if pos["segments"]:  # the epoch's runs at earlier world sizes (rank-independent, like the rest)
-            state[S.SEGMENTS] = [list(seg) for seg in pos["segments"]]
-        if self.sources is not None:
-            state[S.SOURCES] = [list(p) for p in self.source_positions(pos["epoch"])]
-        return state
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Resume where ``state`` was saved: the next pass over its epoch
-        skips the steps already yielded, planning past them from the sidecar
-        lengths without reading their tar data. Everything is checked before
-        anything changes. In the main process with ``verify`` under
-        torch.distributed this is a collective (all ranks must resume alike).
-
-        ``state`` is any rank's ``state_dict()`` (they are equal) or, in the
-        main process, a torchdata ``StatefulDataLoader.state_dict()``. Saved
-        at another world size, the rest of the epoch is planned for this one
-        (elastic resume, ``replan.py``). With DataLoader workers only the
-        loader knows where the world stopped (each worker's state holds its
-        own next step): load the loader's state here, in the main process,
-        before iterating; restoring it into the loader as well is optional."""
-        info = get_worker_info()
-        failure, pos, segments = None, None, ()
-        try:
-            if info is None and is_loader_state(state):
-                state = dataset_state_from_loader(state)
-            pos = read_position(state, self, info)
-            done = sum(k for _, k in pos.segments)
-            # from another world size: the saver's run becomes a finished segment of the epoch
-            segments = resize(pos.segments, pos.world_size, pos.step, done, self.world_size)
-            if info is None and pos.world_size != self.world_size:
-                self._summary(pos.epoch, segments)  # plans the rest now: a history that does not fit raises here
-            elif info is not None and pos.world_size != self.world_size:
-                nxt = pos.step + (info.id if pos.worker is None else 0)
-                segments = self._prepared(pos.epoch, pos.segments, pos.world_size, nxt, info.num_workers)
-        except Exception as exc:
-            failure = exc
-        if info is None and self.verify and active(self.world_size):
-            agree({"fingerprint": self.fingerprint, "epoch": pos.epoch if pos else 0, "step": pos.step if pos else 0,
-                   "elastic history": _segments_key(segments)},
-                  "the resumed position" + (f" (epoch {pos.epoch}, step {pos.step})" if pos else ""), failure)
-        elif failure is not None:
-            raise failure
-        if pos.worker is not None:
-            self._local_resume = {"epoch": pos.epoch, "step": pos.step, "limit": pos.num_workers,
-                                  "segments": segments}
-        elif info is not None:  # a main-process state loaded inside a worker
-            self._local_resume = {"epoch": pos.epoch, "step": pos.step + info.id, "limit": info.num_workers,
-                                  "segments": segments}
-        else:
-            self._segments.set(pos.epoch, segments)
-            self._shared.set_resume(pos.epoch, pos.step)
-        # A main-process total restored in workers goes to worker 0 alone, so it is counted once.
-        mine = pos.skipped if pos.worker is not None or info is None or info.id == 0 else 0
-        self._shared.restore_skipped(SharedState.slot(None if info is None else info.id), mine)
-        self._pos = None
-
-    def _prepared(self, epoch: int, segments: Segments, saved_world: int, nxt: int, workers: int) -> Segments:
-        """In a worker: the history of an elastic resume that the main process
-        loaded, checked against this worker's own saved next step ``nxt``."""
-        have = self._segments.get(epoch)
-        n = len(segments)
-        fits = have[:n] == segments and (len(have) == n or (len(have) == n + 1 and have[n][0] == saved_world))
-        if not fits or not nxt - workers < sum(k for _, k in have) <= nxt:
-            raise ValueError(
-                f"this DataLoader worker got a state saved at world_size={saved_world} (this run: "
-                f"{self.world_size}); only the loader knows where that world stopped, so load the loader's whole "
-                "state into the dataset in the main process first: ds.load_state_dict(loader_state), then "
-                "iterate the loader (restoring loader_state into it too is optional)"
-            )
-        return have
-
-    # ------------------------------------------------------------ iteration
-
-    def __iter__(self):
-        info = get_worker_info()
-        stride = info.num_workers if info is not None else 1
-        worker = info.id if info is not None else None
-        epoch = self.epoch
-        limit = 0
-        if self._local_resume is not None:
-            epoch, start, limit, segments = (self._local_resume[k] for k in ("epoch", "step", "limit", "segments"))
-            self._local_resume = None
-        else:
-            segments = self._segments.get(epoch)
-            resume = self._shared.claim(epoch, worker, stride)
-            # an elastically resumed epoch: this world's steps start after the earlier worlds'
-            start = (resume if resume is not None else sum(k for _, k in segments)) + (worker or 0)
-            limit = 0 if worker is None else stride
-        self._slot = SharedState.slot(worker)
-        self._pos = {"epoch": epoch, "step": start, "worker": worker, "num_workers": 0 if info is None else stride,
-                     "segments": segments}
-        return self._generate(epoch, start, stride, limit, segments)
-
-    def _generate(self, epoch: int, start: int, stride: int, limit: int, segments: Segments = ()):
-        reader = LocalReader()
-        # Remote shards: byte ranges downloaded whole into a node-local cache, read by offset (remote_io.py).
-        info = get_worker_info()
-        remote = self.remote.reader(self.catalog, self.rank, info.id if info is not None else 0, stride, start)
-        total = 0
-        tables: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
-        try:
-            for win, nxt in lookahead(self._windows(epoch, segments), remote is not None):
-                lo, hi = win.first_step, win.first_step + win.num_steps
-                total = hi
-                first = start if lo <= start else start + -(-(lo - start) // stride) * stride
-                steps = range(first, hi, stride)
-                if remote is not None:
-                    remote.enter(epoch, win, nxt)
-                if not steps:
-                    continue  # planned from lengths only: no tar data read
-                batches = [win.plan.batch(s - lo, self.rank) for s in steps]
-                mine = np.unique(np.concatenate(batches))
-                shards = np.unique(win.shard_ids[mine])
-                needed = set(shards.tolist())
-                for s in [s for s in tables if s not in needed]:
-                    del tables[s]
-                for s in shards.tolist():
-                    if s not in tables:
-                        try:
-                            if remote is not None and not is_local(self.catalog.urls[s]):
-                                tables[s] = remote.shard_table(s)
-                            else:
-                                tables[s] = self.catalog.table(s)
-                        except ShardError as exc:
-                            if self.on_error == "raise":
-                                raise
-                            tables[s] = exc  # each of the shard's samples is skipped and counted below
-                reader.keep_only(self.catalog.urls[s] for s in shards.tolist())
-                for s, idx in zip(steps, batches):
-                    batch = [x for x in (self._sample(win, i, tables, reader, remote) for i in idx.tolist())
-                             if x is not None]
-                    self._pos["step"] = s + stride
-                    self.bytes_read = reader.bytes_read + (remote.bytes_read if remote is not None else 0)
-                    yield self.collate_fn(batch) if self.collate_fn is not None else batch
-            if remote is not None:
-                remote.leave()
-            if start > total + limit:
-                raise ValueError(f"resuming at step {start} of epoch {epoch}, which has only {total} steps: the "
-                                 "state or start batch does not belong to this dataset")
-        finally:
-            self.bytes_read = reader.bytes_read + (remote.bytes_read if remote is not None else 0)
-            reader.close()
-            if remote is not None:
-                remote.close()
-
-    def _sample(self, win, i: int, tables, reader: LocalReader, remote):
-        shard = int(win.shard_ids[i])
-        local = int(win.local[i])
-        url = self.catalog.urls[shard]
-        try:
-            if isinstance(tables[shard], Exception):
-                raise tables[shard]
-            keys, offsets, sizes = tables[shard]
-            offset, size = int(offsets[local]), int(sizes[local])
-            key = keys[local].decode("utf-8", "surrogateescape")
-            if is_local(url):
-                buf = reader.read(url, offset, size)
-            else:
-                buf = remote.read(shard, offset, size)
-            sample = parse_sample(buf, url, offset, key)
-            if self.decode is not None:
-                try:
-                    sample = self.decode(sample)
-                except Exception as exc:
-                    raise ShardError(f"decoding sample {key!r} of shard {url} (byte {offset}) failed: {exc!r}") from exc
-                if sample is None:
-                    raise ShardError(f"decode returned None for sample {key!r} of shard {url} (byte {offset}); "
-                                     "return the sample, or raise to have it skipped with on_error='skip'")
-            return sample
-        except ShardError as exc:
-            if self.on_error == "raise":
-                raise
-            self._shared.add_skip(self._slot)
-            log.warning("skipping a sample (on_error='skip', %d skipped by this process so far): %s",
-                        self._shared.skipped(self._slot), exc)
-            return None
-
     def __repr__(self) -> str:
         c = self.config
         return (f"StreamingBatches({len(self.catalog.urls)} shards, {self.catalog.num_samples} samples, "
@@ -521,31 +293,3 @@ class StreamingBatches(IterableDataset):
                 f"rank={self.rank}, world_size={self.world_size}, window_samples={c.window_samples}, "
                 f"read_mode={c.read_mode!r}, "
                 f"epoch={self.epoch})")
-
-
-def _as_list(sources: Any) -> list:
-    return list(sources) if isinstance(sources, (list, tuple)) else [sources]
-
-
-def _segments_key(segments: Segments) -> int:
-    """A 63-bit hash of an elastic history (0 for none), for the cross-rank check."""
-    if not segments:
-        return 0
-    return config_fingerprint(np.array([x for seg in segments for x in seg], dtype=np.int64))
-
-
-# ---------------------------------------------------------------- distributed
-
-
-def _index_share(urls, rank, world_size, index_dir, length_from, frames_per_second, workers) -> None:
-    """With index_missing under torch.distributed, each rank indexes 1/W of
-    the missing local shards, then all meet at one barrier."""
-    from .indexer import index_shards
-
-    mine = [u for i, u in enumerate(expand_urls(urls)) if i % world_size == rank and is_local(u)]
-    try:
-        if mine:
-            index_shards(mine, length_from=length_from or "json:duration", frames_per_second=frames_per_second,
-                         index_dir=index_dir, workers=workers, progress=False)
-    finally:
-        torch.distributed.barrier()
