@@ -1,38 +1,37 @@
-"""``DynamicBatchSampler``: a drop-in, DDP-safe replacement for the seed sampler."""
+"""``DynamicBatchSampler``: a drop-in, DDP-safe replacement for the seed sampler.
+
+Its state methods live in ``sampler_state.py``, the detection of a
+prefetching DataLoader in ``prefetch.py``."""
 
 from __future__ import annotations
 
 import dataclasses
 import logging
-import numbers
 import sys
-import warnings
-import weakref
 from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
 from torch.utils.data import Sampler
 
-from ..core import state as S
 from ..core.config import PlanConfig, check_epoch
 from ..core.hashing import hash_array
 from ..core.long_samples import check_max_length, too_long
 from ..core.mix import Mix, specs_from
 from ..core.plan import Plan, RankBatches, config_fingerprint
-from ..core.state import differences, read_state, state_int
 from ..core.validation import check_flag, check_int, coerce_lengths
 from ..integrations.guard import check_per_rank_sampler
 from ..planners import plan_epoch
-from ..planners.elastic import Segments, check_segments, resize
+from ..planners.elastic import Segments
 from ..planners.epoch import EpochPlan, plan_epoch_steps
 from .distributed import active, agree, resolve_world, will_check
+from .prefetch import prefetching_loader
+from .sampler_state import SamplerStateMixin
 
-KIND = "DynamicBatchSampler"
 log = logging.getLogger("streambatch.sampler")
 
 
-class DynamicBatchSampler(Sampler[list[int]]):
+class DynamicBatchSampler(SamplerStateMixin, Sampler[list[int]]):
     """Token-budget batches of sample indices for ``DataLoader(batch_sampler=...)``.
 
     Plans *global steps*: each step holds one batch per rank, balanced under a
@@ -271,7 +270,7 @@ class DynamicBatchSampler(Sampler[list[int]]):
         self._consumed = start
         # This body runs on the first next(): the caller's frame tells whether
         # a multi-worker DataLoader is drawing batches ahead of the training loop.
-        self._prefetcher = _prefetching_loader(sys._getframe(1))
+        self._prefetcher = prefetching_loader(sys._getframe(1))
         self._prefetch_start = start
         plan, rank, base = self.plan, self.rank, self._base
         for i in range(start, base + plan.num_steps):
@@ -284,98 +283,6 @@ class DynamicBatchSampler(Sampler[list[int]]):
         """Steps of the current epoch: this rank's batches, plus the steps run
         at an earlier world size before an elastic resume (``base_step``)."""
         return self._base + self.plan.num_steps
-
-    # ------------------------------------------------------------ state
-
-    def state_dict(self) -> dict[str, Any]:
-        """Where this rank is: epoch, steps consumed, world size, seed,
-        configuration and its fingerprint (see ``streambatch.core.state``).
-
-        Under a plain ``DataLoader(num_workers > 0)`` the loader draws batches
-        ahead of the training loop, so this count is ahead of what the loop
-        has received (a warning says so); use torchdata's
-        ``StatefulDataLoader``, or save your own step count and resume with
-        ``set_epoch`` + ``set_start_batch``.
-
-        Nothing in it depends on the rank: every rank's state is the same,
-        and any one resumes all ranks, at this or another world size."""
-        self._warn_if_ahead()
-        state = {
-            S.VERSION: S.STATE_VERSION,
-            S.EPOCH: self.epoch,
-            S.STEP: self._consumed,
-            S.SEED: self.seed,
-            S.WORLD_SIZE: self.world_size,
-            S.FINGERPRINT: self._fingerprint,
-            S.CONFIG: self.config.describe(),
-        }
-        if self._segments:
-            state[S.SEGMENTS] = [list(seg) for seg in self._segments]
-        if self.mix is not None:
-            state[S.SOURCES] = [list(p) for p in self.source_positions()]
-        return state
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Resume: replan the saved epoch and skip the consumed steps.
-
-        A state saved at another world size resumes elastically: the steps it
-        ran stay done and the rest of the epoch is planned for this world
-        (``planners/elastic.py``): every sample once, equal steps per rank.
-        Everything is checked before anything changes (a refused state leaves
-        the sampler as it was). Accepts version-1 states (``batches_consumed``).
-        With ``verify`` under torch.distributed this is a collective, which
-        also checks that every rank loaded the same state."""
-        failure, plan, epoch, step, fp = None, self.plan, self.epoch, 0, 0
-        segments, base = self._segments, self._base
-        try:
-            s = read_state(state, KIND, (S.EPOCH, S.STEP, S.FINGERPRINT))
-            saved_world = state_int(s, S.WORLD_SIZE, 1) if S.WORLD_SIZE in s else self.world_size
-            if S.SEED in s and (isinstance(s[S.SEED], bool) or not isinstance(s[S.SEED], numbers.Integral)):
-                raise ValueError(f"state['seed'] must be an integer, got {s[S.SEED]!r}")
-            if S.SEED in s and s[S.SEED] != self.seed:
-                raise ValueError(f"the state was saved with seed={s[S.SEED]} but this sampler has seed={self.seed}")
-            # everything but the world size must match: compare at the saver's world size
-            if s[S.FINGERPRINT] != self._fingerprint_at(saved_world):
-                saved = dict(s.get(S.CONFIG) or {}, world_size=self.world_size)
-                what = differences(saved, self.config.describe()) or ("the lengths differ" if self.mix is None
-                                                                       else "the lengths or the mix differ")
-                raise ValueError(f"the state was saved for a different configuration ({what}); resume with the "
-                                 "lengths and sampler arguments of the run that saved it")
-            epoch = check_epoch(state_int(s, S.EPOCH), "state['epoch']")
-            step = state_int(s, S.STEP)
-            saved_segments = check_segments(s.get(S.SEGMENTS), "state['segments']")
-            done = sum(k for _, k in saved_segments)
-            if step < done:
-                raise ValueError(f"state['step'] = {step} is below the {done} steps of state['segments']")
-            # from another world size: the saver's run becomes a finished segment
-            segments = resize(saved_segments, saved_world, step, done, self.world_size)
-            if epoch != self.epoch or segments != self._segments:
-                ep = self._plan(epoch, segments)
-                plan, base = ep.plan, ep.base
-            if step > base + plan.num_steps:
-                raise ValueError(f"state['step'] = {step} is beyond the {base + plan.num_steps} steps of epoch "
-                                 f"{epoch}; the state does not belong to this sampler's plan")
-            fp = self._fp(plan) ^ base
-        except Exception as exc:
-            failure = exc
-        self._agree({"fingerprint": fp, "epoch": epoch, "start batch": step},
-                    f"the resumed plan (epoch {epoch}, step {step})", failure)
-        self._switch(epoch, plan, fp ^ base, segments, base)
-        self._start_batch = self._consumed = step
-
-    def _warn_if_ahead(self) -> None:
-        it = self._prefetcher() if self._prefetcher is not None else None
-        received = getattr(it, "_num_yielded", None)
-        if received is None:
-            return
-        received += self._prefetch_start
-        if received < self._consumed:
-            warnings.warn(
-                f"DynamicBatchSampler.state_dict() read while a DataLoader with {getattr(it, '_num_workers', '?')} "
-                f"workers prefetches from it: the sampler has handed out {self._consumed} batches of epoch "
-                f"{self.epoch}, the loop has received {received}. Resuming from this state would skip "
-                f"{self._consumed - received} batches: use torchdata's StatefulDataLoader, or save your own step "
-                "count and resume with set_epoch(epoch) + set_start_batch(step)", RuntimeWarning, stacklevel=3)
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
@@ -392,17 +299,3 @@ def _check_mix(mix: Any, n: int) -> Mix | None:
         raise ValueError(f"the mix's sources hold {sum(mix.sizes)} samples but lengths has {n}; pass the sources' "
                          "lengths concatenated in order")
     return mix
-
-
-def _prefetching_loader(frame: Any) -> Any:
-    """A weak reference to the torch multi-worker DataLoader iterator whose
-    ``next(sampler_iter)`` is running in ``frame``, else None. (torchdata's
-    StatefulDataLoader has its own iterator classes and saves exact states.)"""
-    if frame is None:
-        return None
-    try:
-        from torch.utils.data.dataloader import _MultiProcessingDataLoaderIter
-    except ImportError:
-        return None
-    it = frame.f_locals.get("self")
-    return weakref.ref(it) if isinstance(it, _MultiProcessingDataLoaderIter) else None
