@@ -16,7 +16,7 @@ import time
 from unittest import mock
 
 from streambatch.cli.corpus import make_shards
-from streambatch.streaming import StreamingBatches, index_shards, sidecar
+from streambatch.streaming import StreamingBatches, index_shards, shard_identity
 
 
 def corpus(out: str, shards: int, per_shard: int) -> list[str]:
@@ -53,7 +53,7 @@ def main(argv=None) -> None:
             index_shards(paths, length_from=length_from, frames_per_second=50, workers=1, progress=False, force=True)
 
         def index_without_digest(index=index):
-            with mock.patch.object(sidecar, "content_digest", lambda url: ""):
+            with mock.patch.object(shard_identity, "content_digest", lambda url: ""):
                 index()
 
         t = best_of(a.repeats, {"with digest": index, "header-only": index_without_digest})

@@ -28,7 +28,8 @@ from .lengths import length_spec
 from .reader import expand_urls, is_local
 from .remote import is_remote
 from .remote_index import exists
-from .sidecar import VERIFY_MODES, SidecarFile, _digest, sidecar_path, staleness
+from .shard_identity import VERIFY_MODES, staleness
+from .sidecar import SidecarFile, _digest, sidecar_path
 
 _OUT_OF_RESOURCES = (errno.EMFILE, errno.ENFILE, errno.ENOMEM)
 
@@ -133,7 +134,7 @@ def open_catalog(urls: Any, *, index_dir: str | None = None, index_missing: bool
     sidecars written with another length source count as stale. ``verify``:
     ``"stat"`` (size, mtime, head/tail probe) or ``"full"`` (also re-hash
     every shard and compare with the content digest taken at index time; see
-    ``sidecar.py`` for what each guarantees).
+    ``shard_identity.py`` for what each guarantees).
     """
     if verify not in VERIFY_MODES:
         raise ValueError(f"verify must be one of {VERIFY_MODES}, got {verify!r}")

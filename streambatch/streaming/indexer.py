@@ -1,8 +1,8 @@
 """The indexer: scan shards (in parallel) and write their sidecars.
 
-Lengths come from a ``LengthSpec`` (``lengths.py``); the sidecar format and
-staleness rules are ``sidecar.py``'s; the tar scan and member grouping are
-``tar.py``'s.
+Lengths come from a ``LengthSpec`` (``lengths.py``); the sidecar format is
+``sidecar.py``'s and the staleness rules ``shard_identity.py``'s; the tar
+scan and member grouping are ``tar.py``'s.
 """
 
 from __future__ import annotations
@@ -24,7 +24,8 @@ from .lengths import LengthSpec, length_of, length_spec
 from .reader import expand_urls, is_local, local_path, open_shard
 from .remote import is_remote
 from .remote_index import AUDIO_HEAD, READAHEAD, exists, open_ranged
-from .sidecar import HashingStream, SidecarFile, content_hasher, shard_stat, sidecar_path, staleness, write_sidecar
+from .shard_identity import HashingStream, content_hasher, shard_stat, staleness
+from .sidecar import SidecarFile, sidecar_path, write_sidecar
 from .tar import TarScanner, sample_groups
 
 
