@@ -85,7 +85,7 @@ def sweep(sizes: Iterable[int], worlds: Iterable[int], planners: Iterable[str], 
 def run_bench(args: argparse.Namespace) -> int:
     import numba
 
-    from .report import check_figure_path, plot_throughput
+    from .figures import check_figure_path, plot_throughput
 
     plot = check_figure_path(args.plot) if args.plot else None
     sizes, worlds = sorted(set(args.sizes)), sorted(set(args.worlds))

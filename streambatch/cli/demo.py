@@ -25,7 +25,8 @@ FPS = 50  # planning frames per second of audio: lengths are ceil(duration * 50)
 
 
 def run_demo(args: argparse.Namespace) -> int:
-    from .report import format_quality, quality, rank_batches
+    from .metrics import quality, rank_batches
+    from .report import format_quality
 
     if args.dir:
         check_demo_dir(args.dir, args.force)
@@ -144,10 +145,10 @@ def check_demo_dir(path: str, force: bool) -> None:
 
 
 def planned_batches(catalog, config, epoch: int = 0):
-    """Batches (see ``report.Batches``) of the epoch StreamingBatches streams
+    """Batches (see ``metrics.Batches``) of the epoch StreamingBatches streams
     with ``config``, planned window by window from the sidecar lengths alone."""
     from ..streaming.window import iter_windows
-    from .report import Batches, plan_batches
+    from .metrics import Batches, plan_batches
 
     parts = []
     for win in iter_windows(catalog.counts, catalog.lengths, config, epoch):
@@ -162,7 +163,7 @@ def planned_batches(catalog, config, epoch: int = 0):
 def planner_rows(ds, args: argparse.Namespace) -> list:
     """(name, Quality) of the epoch each planner would stream, planned from the sidecars (no audio read)."""
     from ..planners import PLANNERS
-    from .report import quality
+    from .metrics import quality
 
     return [(name, quality(planned_batches(ds.catalog, _config_for(ds.config, name)), args.max_batch_tokens))
             for name in sorted(PLANNERS)]

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .report import Batches
+from .metrics import Batches
 
 # Candidate limits in seconds when the frame rate is known (round numbers read best).
 _SECONDS = (5, 10, 15, 20, 25, 30, 40, 45, 60, 90, 120, 180, 300, 600, 1200, 3600)

@@ -125,19 +125,10 @@ def run_plan(args: argparse.Namespace) -> int:
     from ..core.long_samples import check_max_length, too_long
     from ..planners import make_plan, plan_epoch
     from ..planners.epoch import plan_epoch_steps
+    from .figures import check_figure_path, plot_plan
+    from .metrics import epoch_time_bound, mix_shares, plan_batches, quality
     from .outliers import find_outliers
-    from .report import (
-        check_figure_path,
-        epoch_time_bound,
-        format_mix,
-        format_quality,
-        histogram,
-        mix_shares,
-        plan_batches,
-        plot_plan,
-        quality,
-        seconds_label,
-    )
+    from .report import format_mix, format_quality, histogram, seconds_label
 
     plot = check_figure_path(args.plot) if args.plot else None
     options = dict(args.planner_option)

@@ -1,0 +1,162 @@
+"""Plan-quality metrics of an epoch's batches (pure numpy), used the same
+way by ``streambatch plan``, ``streambatch demo`` and the benchmarks:
+
+- padding efficiency: sum of real lengths / sum over batches of B * L
+  (B = batch size, L = longest length in the batch);
+- balance efficiency: mean over steps of sum of the W batch costs /
+  (W * the largest), cost B * L**2 (a synchronous step waits for its
+  costliest batch);
+- budget use: mean over batches of B * L / max_batch_tokens;
+- planned epoch time: sum over steps of the step's costliest batch B * L**2
+  (a synchronous step lasts as long as its slowest rank), in frames**2 (or
+  length units**2); its lower bound for any plan is
+  ``max(sum L**2 / W, max L**2)`` (``epoch_time_bound``);
+- time-weighted balance: sum of all batch costs / (W x planned epoch time),
+  the balance with each step weighted by its time (a slow step with idle
+  ranks counts for what it costs, not as one step among many).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ..core.plan import Plan
+
+
+@dataclass(frozen=True)
+class Batches:
+    """Per-batch statistics of one epoch, each (n_steps, W) int64 in training order.
+
+    sizes: samples per batch (B); longest: longest length in the batch (L),
+    0 for an empty batch; real: sum of the batch's lengths.
+    """
+
+    sizes: np.ndarray
+    longest: np.ndarray
+    real: np.ndarray
+
+    @property
+    def num_steps(self) -> int:
+        return int(self.sizes.shape[0])
+
+    @property
+    def world_size(self) -> int:
+        return int(self.sizes.shape[1])
+
+    def costs(self) -> np.ndarray:
+        """(n_steps, W) float64 B * L**2 (float: no overflow on long lengths)."""
+        return self.sizes * self.longest.astype(np.float64) ** 2
+
+
+def plan_batches(plan: Plan, lengths: np.ndarray) -> Batches:
+    """Batch statistics of ``plan`` over ``lengths`` ((N,) int, the lengths planned)."""
+    lens = np.asarray(lengths, dtype=np.int64)[plan.samples]
+    offsets = plan.offsets
+    sizes = np.diff(offsets)
+    longest = np.zeros(sizes.shape[0], dtype=np.int64)
+    real = np.zeros(sizes.shape[0], dtype=np.int64)
+    full = np.flatnonzero(sizes > 0)
+    if full.size:
+        starts = offsets[full]
+        longest[full] = np.maximum.reduceat(lens, starts)
+        real[full] = np.add.reduceat(lens, starts)
+    order = plan.step_order
+    w = plan.world_size
+    return Batches(sizes.reshape(-1, w)[order], longest.reshape(-1, w)[order], real.reshape(-1, w)[order])
+
+
+def rank_batches(per_rank: Sequence[Sequence[np.ndarray]]) -> Batches:
+    """Batch statistics from lengths as delivered: ``per_rank[r][s]`` is the
+    (B,) int lengths of rank ``r``'s batch at step ``s``. Every rank must
+    have the same number of steps."""
+    steps = {len(r) for r in per_rank}
+    if len(steps) != 1:
+        raise ValueError(f"ranks delivered different numbers of steps: {[len(r) for r in per_rank]}")
+    n, w = steps.pop(), len(per_rank)
+    sizes, longest, real = (np.zeros((n, w), dtype=np.int64) for _ in range(3))
+    for r, batches in enumerate(per_rank):
+        for s, b in enumerate(batches):
+            b = np.asarray(b, dtype=np.int64)
+            sizes[s, r] = b.size
+            if b.size:
+                longest[s, r] = b.max()
+                real[s, r] = b.sum()
+    return Batches(sizes, longest, real)
+
+
+@dataclass(frozen=True)
+class Quality:
+    """Plan-quality metrics (see the module docstring); ratios in [0, 1].
+
+    step_cost_spread: largest / median step cost, a step costing as much as
+    its costliest batch (how much longer the slowest step runs).
+    over_budget: batches with B * L > max_batch_tokens (a single sample
+    longer than the budget forms such a batch of one).
+    """
+
+    steps: int
+    world_size: int
+    batches: int
+    slots: int
+    padding_efficiency: float
+    balance_efficiency: float
+    budget_use: float
+    step_cost_spread: float
+    over_budget: int
+    epoch_time: float = 0.0
+    time_balance: float = 1.0
+
+    def as_dict(self) -> dict:
+        return dict(self.__dict__)
+
+
+def quality(b: Batches, max_batch_tokens: int) -> Quality:
+    """Metrics of batches ``b`` planned with ``max_batch_tokens``."""
+    tokens = b.sizes * b.longest
+    nonempty = b.sizes > 0
+    padded = float(tokens.sum())
+    padding = float(b.real.sum()) / padded if padded else 1.0
+    top = b.costs().max(axis=1) if b.num_steps else np.zeros(0)
+    balance = float(step_balance(b).mean()) if b.num_steps else 1.0
+    use = float((tokens[nonempty] / max_batch_tokens).mean()) if nonempty.any() else 0.0
+    median = float(np.median(top)) if b.num_steps else 0.0
+    spread = float(top.max() / median) if median > 0 else 1.0
+    epoch = float(top.sum())
+    time_balance = float(b.costs().sum()) / (b.world_size * epoch) if epoch > 0 else 1.0
+    return Quality(b.num_steps, b.world_size, int(nonempty.sum()), int(b.sizes.sum()), padding, balance, use,
+                   spread, int((tokens > max_batch_tokens).sum()), epoch, time_balance)
+
+
+def epoch_time_bound(lengths: np.ndarray, world_size: int) -> float:
+    """A lower bound of the planned epoch time of any plan of ``lengths``
+    ((N,) int): max(sum L**2 / W, max L**2). Every sample costs at least its
+    own L**2 on some rank, and the longest alone takes a step."""
+    sq = np.asarray(lengths, dtype=np.float64) ** 2
+    return float(max(sq.sum() / world_size, sq.max())) if sq.size else 0.0
+
+
+def step_balance(b: Batches) -> np.ndarray:
+    """(n_steps,) float64 per-step balance: sum of costs / (W * max)."""
+    costs = b.costs()
+    top = costs.max(axis=1)
+    out = np.ones(b.num_steps)
+    ok = top > 0
+    out[ok] = costs[ok].sum(axis=1) / (b.world_size * top[ok])
+    return out
+
+
+def mix_shares(plan: Plan, mix: Any) -> tuple[np.ndarray, np.ndarray]:
+    """(S,) share of each source among the samples a mixed plan trains on
+    (padding included), over the epoch and over its first 10 % of steps.
+    The plan's samples index the sources' concatenated lengths."""
+    from ..planners.interleave import step_counts
+
+    labels = mix.source_of(np.arange(sum(mix.sizes)))
+    counts = step_counts(plan, labels, mix.num_sources)[plan.step_order]
+    whole = counts.sum(axis=0)
+    early = counts[: max(1, int(round(0.1 * counts.shape[0])))].sum(axis=0)
+    return whole / max(whole.sum(), 1), early / max(early.sum(), 1)
