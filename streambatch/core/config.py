@@ -17,6 +17,7 @@ import numpy as np
 
 from .plan import config_fingerprint
 from .state import MAX_EPOCH
+from .types import FlagLike, IntLike, NumberLike
 from .validation import check_budget, check_flag, check_int, check_seed
 
 C = TypeVar("C", bound="PlanConfig")
@@ -50,8 +51,8 @@ class PlanConfig:
     planner_options: tuple[tuple[str, Any], ...] = ()
 
     @classmethod
-    def build(cls: type[C], max_batch_tokens: Any, max_batch_size: Any = 64, world_size: Any = 1,
-              shuffle: Any = True, drop_last: Any = False, seed: Any = 42, planner: Any = "greedy",
+    def build(cls: type[C], max_batch_tokens: NumberLike, max_batch_size: IntLike = 64, world_size: IntLike = 1,
+              shuffle: FlagLike = True, drop_last: FlagLike = False, seed: IntLike = 42, planner: str = "greedy",
               planner_options: Mapping[str, Any] | None = None, **extra: Any) -> C:
         """Validate and coerce every setting (TypeError/ValueError naming the
         bad one). ``extra`` holds a subclass's own settings."""
@@ -88,7 +89,7 @@ class PlanConfig:
         return {}
 
     @classmethod
-    def _options_planner(cls, planner: Any, extra: Mapping[str, Any]) -> Any:
+    def _options_planner(cls, planner: str, extra: Mapping[str, Any]) -> str:
         """The planner whose declared options ``planner_options`` are checked against."""
         return planner
 

@@ -17,9 +17,9 @@ from __future__ import annotations
 
 import numbers
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
+from numpy.typing import ArrayLike
 
 INT64_MAX = np.iinfo(np.int64).max
 KINDS = ("linear", "quadratic", "quadratic_duration")
@@ -71,7 +71,7 @@ class CostModel:
         """Kernels compute ``scale * cost`` to stay in integers."""
         return self.q if self.kind == "quadratic_duration" else 1
 
-    def scaled(self, count: Any, max_len: Any) -> np.ndarray:
+    def scaled(self, count: ArrayLike, max_len: ArrayLike) -> np.ndarray:
         """``scale * cost`` of batches, exactly as kernels compute it (int64)."""
         b = np.asarray(count, dtype=np.int64)
         m = np.asarray(max_len, dtype=np.int64)
@@ -81,7 +81,7 @@ class CostModel:
             return b * m * m
         return b * m * (self.q + m)
 
-    def batch_cost(self, count: Any, max_len: Any) -> np.ndarray:
+    def batch_cost(self, count: ArrayLike, max_len: ArrayLike) -> np.ndarray:
         """Cost of batches of ``count`` samples padded to ``max_len`` (float64)."""
         return self.scaled(count, max_len) / float(self.scale)
 
@@ -102,7 +102,7 @@ class CostModel:
         return {"linear": "B*L", "quadratic": "B*L^2", "quadratic_duration": f"B*(L+L^2/{self.q})"}[self.kind]
 
 
-def resolve_cost(cost: Any) -> CostModel:
+def resolve_cost(cost: str | CostModel | None) -> CostModel:
     """A CostModel from ``None`` (the seed's quadratic), a kind name or a CostModel."""
     if cost is None:
         return CostModel.quadratic()

@@ -37,6 +37,7 @@ from typing import Any
 import numpy as np
 
 from .shuffle import permutation_slice
+from .types import IntLike
 
 _U64 = 1 << 64
 _MIX_TAG = 0x6D6978  # "mix": keeps these seed sequences apart from the window seeds
@@ -66,7 +67,9 @@ class SourceSpec:
             raise ValueError(f"samples must be an integer >= 0 (samples per epoch), got {self.samples!r}")
 
 
-def specs_from(n: int, weights: Any = None, samples: Any = None, repeats: Any = None) -> list[SourceSpec]:
+def specs_from(n: int, weights: Sequence[float] | np.ndarray | None = None,
+               samples: Sequence[int] | np.ndarray | None = None,
+               repeats: Sequence[float] | np.ndarray | None = None) -> list[SourceSpec]:
     """One SourceSpec per source from per-source lists (at most one list given;
     none: every source once per epoch)."""
     given = [(k, v) for k, v in (("weights", weights), ("samples", samples), ("repeats", repeats)) if v is not None]
@@ -74,8 +77,9 @@ def specs_from(n: int, weights: Any = None, samples: Any = None, repeats: Any = 
         raise ValueError(f"give one of weights, samples or repeats, not {' and '.join(k for k, _ in given)}")
     if not given:
         return [SourceSpec() for _ in range(n)]
-    name, values = given[0]
-    values = list(np.asarray(values).tolist()) if isinstance(values, np.ndarray) else list(values)
+    name, given_values = given[0]
+    values: list[Any] = (list(np.asarray(given_values).tolist()) if isinstance(given_values, np.ndarray)
+                         else list(given_values))
     if len(values) != n:
         raise ValueError(f"{name} must have one entry per source ({n}), got {len(values)}")
     field = {"weights": "weight", "samples": "samples", "repeats": "repeat"}[name]
@@ -108,7 +112,7 @@ class Mix:
 
     @classmethod
     def build(cls, sizes: Sequence[int], specs: Sequence[SourceSpec] | None = None,
-              samples_per_epoch: Any = None) -> Mix:
+              samples_per_epoch: IntLike | None = None) -> Mix:
         """Check the specs and turn them into per-epoch counts (see module doc)."""
         sizes = tuple(int(s) for s in sizes)
         if not sizes:

@@ -138,8 +138,8 @@ def config_fingerprint(lengths: np.ndarray, *values: int | str) -> int:
     h = hash_array(lengths, np.uint64(len(values)))
     for v in values:
         if isinstance(v, str):
-            v = np.frombuffer(v.encode(), dtype=np.uint8).astype(np.int64)
+            arr = np.frombuffer(v.encode(), dtype=np.uint8).astype(np.int64)
         else:
-            v = np.array([int(v) & 0x7FFFFFFFFFFFFFFF, int(v) >> 63], dtype=np.int64)
-        h = hash_array(v, h)
+            arr = np.array([int(v) & 0x7FFFFFFFFFFFFFFF, int(v) >> 63], dtype=np.int64)
+        h = hash_array(arr, h)
     return int(h) >> 1

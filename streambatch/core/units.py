@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import numbers
+from collections.abc import Sequence
 from typing import Any, overload
 
 import numpy as np
@@ -32,10 +33,10 @@ def check_fps(frames_per_second: Any, name: str = "frames_per_second") -> float 
 @overload
 def seconds_to_frames(seconds: float, fps: float) -> int: ...
 @overload
-def seconds_to_frames(seconds: np.ndarray, fps: float) -> np.ndarray: ...
+def seconds_to_frames(seconds: np.ndarray | Sequence[float], fps: float) -> np.ndarray: ...
 
 
-def seconds_to_frames(seconds: Any, fps: float) -> Any:
+def seconds_to_frames(seconds: float | np.ndarray | Sequence[float], fps: float) -> int | np.ndarray:
     """``ceil(seconds * fps)`` frames (int, or (N,) int64 for an array).
 
     seconds: finite values >= 0 (checked by the caller, which can name the

@@ -13,13 +13,17 @@ loop. Neither view imports accelerate: they are plain torch batch samplers.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from torch.utils.data import Sampler
 
+from ..core.plan import Plan
 from .guard import check_dealt
 
-Segment = tuple[Any, int, int]  # (plan, first step, stop step), steps in training order
+if TYPE_CHECKING:
+    from ..torch_glue.sampler import DynamicBatchSampler
+
+Segment = tuple[Plan, int, int]  # (plan, first step, stop step), steps in training order
 
 
 def _check_sampler(sampler: Any) -> None:
@@ -61,7 +65,7 @@ class GlobalBatchSampler(Sampler[list[int]]):
         of processes (its ``rank`` does not matter here).
     """
 
-    def __init__(self, sampler: Any):
+    def __init__(self, sampler: DynamicBatchSampler) -> None:
         _check_sampler(sampler)
         self.base = sampler
 
@@ -102,7 +106,7 @@ class FixedLengthEpochs(Sampler[list[int]]):
     epochs ``0..j`` once each to count their steps.
     """
 
-    def __init__(self, sampler: Any):
+    def __init__(self, sampler: DynamicBatchSampler) -> None:
         _check_sampler(sampler)
         self.base = sampler
         self.epoch = 0
@@ -124,7 +128,7 @@ class FixedLengthEpochs(Sampler[list[int]]):
     def __len__(self) -> int:
         return self.steps * self.base.world_size
 
-    def _plan(self, planned_epoch: int):
+    def _plan(self, planned_epoch: int) -> Plan:
         self.base.set_epoch(planned_epoch)
         plan = self.base.plan
         if planned_epoch == len(self._steps):

@@ -12,12 +12,15 @@ step's batches one per process, every epoch has the same length, and
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from torch.utils.data import DataLoader
 from transformers import Trainer, TrainerCallback
 
 from .accelerate import FixedLengthEpochs
+
+if TYPE_CHECKING:
+    from ..torch_glue.sampler import DynamicBatchSampler
 
 
 class _EpochCallback(TrainerCallback):
@@ -59,7 +62,7 @@ class DynamicBatchTrainer(Trainer):
     epochs of other lengths are laid end to end.
     """
 
-    def __init__(self, *args: Any, train_batch_sampler: Any, **kwargs: Any):
+    def __init__(self, *args: Any, train_batch_sampler: DynamicBatchSampler, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         processes = self.accelerator.num_processes
         if getattr(train_batch_sampler, "world_size", None) != processes:

@@ -20,7 +20,15 @@ which Lightning leaves alone.
 from __future__ import annotations
 
 import warnings
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar
+
+if TYPE_CHECKING:
+    from lightning.pytorch import Trainer
+
+    from ..streaming.dataset import StreamingBatches
+    from ..torch_glue.sampler import DynamicBatchSampler
+
+B = TypeVar("B", "DynamicBatchSampler", "StreamingBatches")
 
 # Lightning warns on every mid-epoch restart of a loader without state_dict();
 # the position here comes from its loop progress instead, so that warning does
@@ -28,7 +36,7 @@ from typing import Any
 _NOT_RESUMABLE = "You're resuming from a checkpoint that ended before the epoch ended and your dataloader"
 
 
-def trainer_position(trainer: Any) -> tuple[int, int]:
+def trainer_position(trainer: Trainer) -> tuple[int, int]:
     """(epoch, batches already trained in it) that ``trainer`` runs next.
 
     From the fit loop's progress counters: an epoch is under way (restored
@@ -37,13 +45,15 @@ def trainer_position(trainer: Any) -> tuple[int, int]:
     starts from its first batch.
     """
     fit = trainer.fit_loop
-    epochs = fit.epoch_progress.current
+    # _ProcessedTrackers at run time; lightning annotates them as their base class, without these counters
+    epochs: Any = fit.epoch_progress.current
     if epochs.started > epochs.processed:
-        return int(epochs.processed), int(fit.epoch_loop.batch_progress.current.processed)
+        batches: Any = fit.epoch_loop.batch_progress.current
+        return int(epochs.processed), int(batches.processed)
     return int(epochs.processed), 0
 
 
-def sync_with_trainer(batches: Any, trainer: Any) -> Any:
+def sync_with_trainer(batches: B, trainer: Trainer) -> B:
     """Set ``batches`` to the epoch and batch ``trainer`` runs next; return it.
 
     batches: a ``DynamicBatchSampler`` (per rank; ``use_distributed_sampler=False``)

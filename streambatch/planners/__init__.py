@@ -9,12 +9,14 @@ registered planner.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
 from ..core.config import PlanConfig, check_epoch
 from ..core.plan import Plan
+from ..core.types import FlagLike, IntLike, LengthsLike, NumberLike
 from ..core.validation import coerce_lengths
 from .base import Option, PlanFunction, Planner, UnknownOptionError
 from .bucketed.plan import PLANNER as BUCKETED
@@ -32,7 +34,7 @@ RECOMMENDED = BUCKETED.name
 PLANNERS: dict[str, Planner] = {p.name: p for p in _BUILTIN}
 
 
-def register_planner(planner: Planner | str, fn: PlanFunction | None = None) -> Planner:
+def register_planner(planner: Planner | str, fn: PlanFunction | Callable[..., Plan] | None = None) -> Planner:
     """Register a ``Planner`` (or, for quick experiments, a bare plan function
     under a name: its options then pass through unchecked)."""
     if isinstance(planner, str):
@@ -52,13 +54,13 @@ def check_planner(name: Any) -> str:
     return name
 
 
-def get_planner(name: Any) -> Planner:
+def get_planner(name: str) -> Planner:
     return PLANNERS[check_planner(name)]
 
 
-def make_plan(lengths: Any, max_batch_tokens: Any, max_batch_size: Any = 64, world_size: Any = 1,
-              shuffle: bool = True, drop_last: bool = False, seed: Any = 42, epoch: Any = 0,
-              planner: str = "greedy", **options: Any) -> Plan:
+def make_plan(lengths: LengthsLike, max_batch_tokens: NumberLike | PlanConfig, max_batch_size: IntLike = 64,
+              world_size: IntLike = 1, shuffle: FlagLike = True, drop_last: FlagLike = False, seed: IntLike = 42,
+              epoch: IntLike = 0, planner: str = "greedy", **options: Any) -> Plan:
     """Validate everything, then plan one epoch.
 
     lengths: (N,) integer lengths (list, numpy array or torch tensor).

@@ -78,7 +78,8 @@ class Planner:
     """
 
     name: str
-    plan: PlanFunction
+    # a PlanFunction; typed Callable[..., Plan] because each planner takes only its own declared options
+    plan: Callable[..., Plan]
     options: tuple[Option, ...] | None = ()
     costs: tuple[str, ...] = ("quadratic",)
     summary: str = ""

@@ -22,6 +22,7 @@ from typing import Any
 
 import numpy as np
 
+from ..core.types import IntLike, LengthFrom, UrlsLike
 from .catalog_file import is_catalog, read_catalog
 from .errors import ShardError
 from .lengths import length_spec
@@ -121,8 +122,9 @@ def _load(url: str, path: str, spec,
         return {}, None, f"unreadable sidecar ({exc})"
 
 
-def open_catalog(urls: Any, *, index_dir: str | None = None, index_missing: bool = False,
-                 length_from: Any = None, frames_per_second: Any = None, index_workers: int | None = 1,
+def open_catalog(urls: UrlsLike, *, index_dir: str | None = None, index_missing: bool = False,
+                 length_from: LengthFrom | None = None, frames_per_second: float | None = None,
+                 index_workers: IntLike | None = 1,
                  url_hint: str | None = None, verify: str = "stat", storage_options: dict | None = None) -> Catalog:
     """Find and check every shard's sidecar, and read every sample's length;
     or read a catalog file (``urls`` = ``.../NAME.catalog.npz``, local or

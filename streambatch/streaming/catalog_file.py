@@ -20,7 +20,7 @@ from __future__ import annotations
 import json
 import os
 import tempfile
-from typing import Any
+from typing import Any, TypeGuard
 
 import numpy as np
 
@@ -32,7 +32,7 @@ FORMAT = "streambatch-catalog"
 VERSION = 1
 
 
-def is_catalog(urls: Any) -> bool:
+def is_catalog(urls: Any) -> TypeGuard[str | os.PathLike]:
     """Is ``urls`` the path or URL of a catalog file (``*.catalog.npz``)?"""
     return isinstance(urls, (str, os.PathLike)) and os.fspath(urls).endswith(CATALOG_SUFFIX)
 
@@ -128,7 +128,7 @@ def read_catalog(path: str, storage_options: dict | None = None) -> dict[str, An
     return out
 
 
-def catalog_urls(path: str, storage_options: dict | None = None) -> list[str]:
+def catalog_urls(path: str | os.PathLike, storage_options: dict | None = None) -> list[str]:
     """The shard URLs a catalog lists (reads only its ``urls`` and ``meta``)."""
     with load_npz(os.fspath(path), storage_options) as z:
         n = int(json.loads(z["meta"].tobytes().decode())["shards"])

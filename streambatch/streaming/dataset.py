@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import Callable, Iterator
-from typing import Any
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any, Literal
 
 import numpy as np
 from torch.utils.data import IterableDataset
@@ -17,6 +17,7 @@ from torch.utils.data import IterableDataset
 from ..core.config import check_epoch
 from ..core.long_samples import check_max_length
 from ..core.plan import config_fingerprint
+from ..core.types import FlagLike, IntLike, LengthFrom, NumberLike, UrlsLike
 from ..core.validation import check_flag, check_int
 from ..integrations.guard import check_not_prepared
 from ..planners import RECOMMENDED
@@ -39,7 +40,7 @@ from .position import SharedState
 from .remote import RetryPolicy
 from .remote_io import RemoteIO, check_identity
 from .replan import plain_inputs, plan_windows, summarize_windows
-from .sources import SourceCatalog, is_sources, mixed_inputs, source_of_shards
+from .sources import Source, SourceCatalog, is_sources, mixed_inputs, source_of_shards
 from .window import EpochSummary, Window, WindowConfig, default_window, iter_windows, summarize
 
 log = logging.getLogger("streambatch.streaming")
@@ -123,19 +124,22 @@ class StreamingBatches(StateMixin, ReadingMixin, IterableDataset):
         ``RetryPolicy`` (or a number of retries); see ``remote_io.RemoteIO``.
     """
 
-    def __init__(self, urls: Any, max_batch_tokens: Any, max_batch_size: Any = 64, *,
-                 window_samples: Any = None, read_mode: str | None = None, shuffle: bool = True,
-                 drop_last: bool = False, seed: Any = 42,
-                 rank: Any = None, world_size: Any = None, planner: str = RECOMMENDED,
-                 index_dir: str | None = None, index_missing: bool = False, length_from: Any = None,
-                 frames_per_second: Any = None, index_workers: Any = 1, decode: Any = None,
-                 collate_fn: Callable | None = None, on_error: str = "raise", verify: bool = True,
-                 max_length: Any = None, long_samples: str = "drop", samples_per_epoch: Any = None,
-                 storage_options: dict | None = None, cache_dir: str | None = None, prefetch_shards: Any = 4,
-                 prefetch_bytes: Any = None, retry: Any = None, **planner_options: Any) -> None:
+    def __init__(self, urls: UrlsLike | Source | Sequence[Source], max_batch_tokens: NumberLike,
+                 max_batch_size: IntLike = 64, *, window_samples: IntLike | None = None,
+                 read_mode: str | None = None, shuffle: FlagLike = True, drop_last: FlagLike = False,
+                 seed: IntLike = 42, rank: IntLike | None = None, world_size: IntLike | None = None,
+                 planner: str = RECOMMENDED, index_dir: str | None = None, index_missing: bool = False,
+                 length_from: LengthFrom | None = None, frames_per_second: float | None = None,
+                 index_workers: IntLike | None = 1,
+                 decode: Literal["audio"] | Callable[[dict[str, Any]], Any] | None = None,
+                 collate_fn: Callable[[list[Any]], Any] | None = None, on_error: str = "raise",
+                 verify: bool | str = True, max_length: IntLike | None = None, long_samples: str = "drop",
+                 samples_per_epoch: IntLike | None = None, storage_options: dict[str, Any] | None = None,
+                 cache_dir: str | None = None, prefetch_shards: IntLike = 4, prefetch_bytes: IntLike | None = None,
+                 retry: RetryPolicy | int | None = None, **planner_options: Any) -> None:
         super().__init__()
         failure: BaseException | None = None
-        world: Any = world_size
+        world: Any = world_size  # the caller's value until resolve_world checks it
         self.sources: SourceCatalog | None = None
         mixed = False
         try:
@@ -145,7 +149,7 @@ class StreamingBatches(StateMixin, ReadingMixin, IterableDataset):
                                  "every sample is trained once per epoch")
             index_missing = check_flag("index_missing", index_missing)
             self.verify, verify_shards = check_verify(verify)
-            rank, world = resolve_world(rank, world_size)
+            self.rank, world = resolve_world(rank, world_size)
             max_length, long_samples = check_max_length(max_length, long_samples)
             read_mode = resolve_read_mode(urls, read_mode, mixed, storage_options)
             if window_samples is None:
@@ -162,7 +166,7 @@ class StreamingBatches(StateMixin, ReadingMixin, IterableDataset):
             # after it, and carries any rank's failure to all ranks.
             if failure is None:
                 try:
-                    index_missing_shares(urls, mixed, rank, world, index_dir, length_from, frames_per_second,
+                    index_missing_shares(urls, mixed, self.rank, world, index_dir, length_from, frames_per_second,
                                          index_workers)
                 except Exception as exc:
                     failure = exc
@@ -174,13 +178,13 @@ class StreamingBatches(StateMixin, ReadingMixin, IterableDataset):
                     index_missing=index_missing, length_from=length_from, frames_per_second=frames_per_second,
                     index_workers=index_workers, verify_shards=verify_shards, storage_options=storage_options)
                 if self.verify:  # remote shards changed since indexing: fail now, not mid-epoch
-                    check_identity(self.catalog, rank, world, storage_options,
+                    check_identity(self.catalog, self.rank, world, storage_options,
                                    retry if isinstance(retry, RetryPolicy) else None)
-                self.remote = RemoteIO.for_catalog(self.catalog, rank, storage_options=storage_options,
+                self.remote = RemoteIO.for_catalog(self.catalog, self.rank, storage_options=storage_options,
                                                    cache_dir=cache_dir, prefetch_shards=prefetch_shards,
                                                    prefetch_bytes=prefetch_bytes, retry=retry)
                 self.fingerprint = self.fingerprint_at(world)
-                check_samples(self.catalog, max_length, long_samples)
+                check_samples(self.catalog, self.config.max_length, long_samples)
             except Exception as exc:
                 failure = exc
         if will_check(verify, world):
@@ -188,7 +192,6 @@ class StreamingBatches(StateMixin, ReadingMixin, IterableDataset):
                   "the streaming plan (shard list, sidecars or streaming settings)", failure)
         elif failure is not None:
             raise failure
-        self.rank = rank
         self.world_size = world
         self.decode = decode_audio if decode == "audio" else decode
         self.collate_fn = collate_fn
@@ -215,7 +218,7 @@ class StreamingBatches(StateMixin, ReadingMixin, IterableDataset):
         """Samples an epoch plans: the mix's quotas, or every sample once."""
         return self.sources.mix.samples_per_epoch if self.sources is not None else self.catalog.num_samples
 
-    def source_positions(self, epoch: Any = None) -> list[tuple[int, int]]:
+    def source_positions(self, epoch: IntLike | None = None) -> list[tuple[int, int]]:
         """Mixing: per source, (cycle, sample position in it) at the start of
         an epoch (default: the current one)."""
         epoch = self.epoch if epoch is None else check_epoch(epoch)
@@ -239,12 +242,12 @@ class StreamingBatches(StateMixin, ReadingMixin, IterableDataset):
     def epoch(self) -> int:
         return self._shared.epoch
 
-    def set_epoch(self, epoch: Any) -> None:
+    def set_epoch(self, epoch: IntLike) -> None:
         """Select the epoch the next pass plans (shard order and windows)."""
         check_not_prepared(self)  # accelerate's prepared loaders call this; they would re-split our batches
         self._shared.epoch = check_epoch(epoch)
 
-    def set_start_batch(self, start: Any) -> None:
+    def set_start_batch(self, start: IntLike) -> None:
         """Make the next pass over the current epoch start at this rank's
         ``start``-th batch (for resuming from a step count you saved). Only
         the next pass: later passes over the epoch start from its beginning."""
@@ -253,7 +256,7 @@ class StreamingBatches(StateMixin, ReadingMixin, IterableDataset):
         self._shared.set_resume(self.epoch, start)
         self._pos = None
 
-    def epoch_summary(self, epoch: Any = None) -> EpochSummary:
+    def epoch_summary(self, epoch: IntLike | None = None) -> EpochSummary:
         """Steps, samples, padding and drops of an epoch, planned from the
         sidecars' lengths only (no tar is read). Cached per epoch."""
         epoch = self.epoch if epoch is None else check_epoch(epoch)

@@ -5,17 +5,18 @@ world size (``replan.py``)."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 from torch.utils.data import get_worker_info
 
 from ..core import state as S
 from ..core.plan import config_fingerprint
+from ..core.types import IntLike
 from ..planners.elastic import Segments, resize
 from ..torch_glue.distributed import active, agree
 from ..torch_glue.elastic import SharedSegments, dataset_state_from_loader, is_loader_state
-from .position import SharedState, read_position
+from .position import Position, SharedState, read_position
 from .sources import SourceCatalog
 from .window import EpochSummary, WindowConfig
 
@@ -38,7 +39,7 @@ class StateMixin:
         @property
         def epoch(self) -> int: ...
 
-        def source_positions(self, epoch: Any = None) -> list[tuple[int, int]]: ...
+        def source_positions(self, epoch: IntLike | None = None) -> list[tuple[int, int]]: ...
 
         def _summary(self, epoch: int, segments: Segments) -> EpochSummary: ...
 
@@ -84,7 +85,9 @@ class StateMixin:
         own next step): load the loader's state here, in the main process,
         before iterating; restoring it into the loader as well is optional."""
         info = get_worker_info()
-        failure, pos, segments = None, None, ()
+        failure: BaseException | None = None
+        pos: Position | None = None
+        segments: Segments = ()
         try:
             if info is None and is_loader_state(state):
                 state = dataset_state_from_loader(state)
@@ -105,6 +108,7 @@ class StateMixin:
                   "the resumed position" + (f" (epoch {pos.epoch}, step {pos.step})" if pos else ""), failure)
         elif failure is not None:
             raise failure
+        pos = cast(Position, pos)  # agree() raised on every rank if any failed to read the state
         if pos.worker is not None:
             self._local_resume = {"epoch": pos.epoch, "step": pos.step, "limit": pos.num_workers,
                                   "segments": segments}

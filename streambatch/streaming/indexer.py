@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from ..core.types import IntLike, LengthFrom, UrlsLike
 from ..core.validation import check_int
 from .audio import HEADER_BYTES, audio_ext
 from .catalog_file import catalog_arrays, default_catalog_path, merge_parts, part_path, write_catalog
@@ -176,10 +177,10 @@ class _PlainProgress:
         pass
 
 
-def index_shards(urls: Any, *, length_from: Any = "json:duration", frames_per_second: Any = None,
-                 index_dir: str | None = None, workers: int | None = None, progress: bool = True,
-                 force: bool = False, storage_options: dict | None = None, part: Any = None,
-                 catalog: str | bool | None = None) -> IndexSummary:
+def index_shards(urls: UrlsLike, *, length_from: LengthFrom = "json:duration", frames_per_second: float | None = None,
+                 index_dir: str | None = None, workers: IntLike | None = None, progress: bool = True,
+                 force: bool = False, storage_options: dict[str, Any] | None = None,
+                 part: str | tuple[int, int] | None = None, catalog: str | bool | None = None) -> IndexSummary:
     """Write a sidecar for every shard that lacks a current one, then the
     dataset's catalog file.
 
@@ -281,8 +282,8 @@ def parse_part(part: Any) -> tuple[int, int]:
     return i, n
 
 
-def merge_catalog(urls: Any, parts: int, *, index_dir: str | None = None, catalog: str | None = None,
-                  storage_options: dict | None = None) -> dict:
+def merge_catalog(urls: UrlsLike, parts: int, *, index_dir: str | None = None, catalog: str | None = None,
+                  storage_options: dict[str, Any] | None = None) -> dict[str, Any]:
     """Merge the ``parts`` catalog parts written by ``index_shards(part=...)``
     into the catalog. Returns the catalog's meta."""
     target = os.fspath(catalog) if catalog else default_catalog_path(expand_urls(urls), index_dir)

@@ -10,6 +10,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from ..core.types import LengthFrom
 from ..core.units import MAX_LENGTH, check_fps, seconds_to_frames
 from .audio import AUDIO_EXTS, NeedMoreBytes, audio_ext, audio_info
 
@@ -28,7 +29,7 @@ class LengthSpec:
     source: str
     field: tuple[str, ...] = ()
     suffix: str | None = None
-    fn: Callable[[dict], Any] | None = None
+    fn: Callable[[dict[str, bytes]], float] | None = None
     frames_per_second: float | None = None
 
     def describe(self) -> str:
@@ -90,7 +91,7 @@ def _show(value: Any) -> str:
     return text if len(text) <= 40 else f"{text[:20]}...({len(text)} characters)"
 
 
-def length_spec(length_from: Any = "json:duration", frames_per_second: Any = None) -> LengthSpec:
+def length_spec(length_from: LengthFrom = "json:duration", frames_per_second: float | None = None) -> LengthSpec:
     """Validate ``length_from`` / ``frames_per_second`` into a LengthSpec."""
     if isinstance(length_from, LengthSpec):
         return length_from

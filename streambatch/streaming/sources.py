@@ -22,13 +22,14 @@ Pure numpy plus sidecar reads (through ``Catalog``); no torch.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from ..core.mix import Mix, SourceSpec, cycle_order, stream_pieces
+from ..core.types import IntLike, UrlsLike
 from .catalog import Catalog, open_catalog
 from .replan import WindowInput
 
@@ -45,7 +46,7 @@ class Source:
     name: a label for reports (default: ``source{i}``).
     """
 
-    urls: Any
+    urls: UrlsLike
     weight: float | None = None
     samples: int | None = None
     repeat: float | None = None
@@ -90,7 +91,8 @@ class SourceCatalog:
         return f"{self.mix.key()}{list(self.bounds.tolist())}"
 
 
-def open_sources(sources: Any, *, samples_per_epoch: Any = None, index_dir: str | None = None,
+def open_sources(sources: Source | Sequence[Source], *, samples_per_epoch: IntLike | None = None,
+                 index_dir: str | None = None,
                  **catalog_kwargs: Any) -> SourceCatalog:
     """Open every source's sidecars (``open_catalog``) and build the mix."""
     sources = [sources] if isinstance(sources, Source) else list(sources)

@@ -90,7 +90,7 @@ class WindowConfig(PlanConfig):
                 "max_length": check_max_length(max_length)[0]}
 
     @classmethod
-    def _options_planner(cls, planner: Any, extra: Mapping[str, Any]) -> Any:
+    def _options_planner(cls, planner: str, extra: Mapping[str, Any]) -> str:
         # shard mode plans with its own walk, which takes the bucketed planner's options
         return "bucketed" if extra.get("read_mode") == "shard" else planner
 

@@ -8,8 +8,9 @@ from __future__ import annotations
 import dataclasses
 import logging
 import sys
-from collections.abc import Iterator
-from typing import Any
+import weakref
+from collections.abc import Iterator, Sequence
+from typing import Any, cast
 
 import numpy as np
 from torch.utils.data import Sampler
@@ -19,6 +20,7 @@ from ..core.hashing import hash_array
 from ..core.long_samples import check_max_length, too_long
 from ..core.mix import Mix, specs_from
 from ..core.plan import Plan, RankBatches, config_fingerprint
+from ..core.types import FlagLike, IntLike, LengthsLike, NumberLike
 from ..core.validation import check_flag, check_int, coerce_lengths
 from ..integrations.guard import check_per_rank_sampler
 from ..planners import plan_epoch
@@ -66,12 +68,14 @@ class DynamicBatchSampler(SamplerStateMixin, Sampler[list[int]]):
         **planner_options: options of the chosen planner.
     """
 
-    def __init__(self, lengths: Any, max_batch_tokens: Any, max_batch_size: Any = 64, shuffle: Any = True,
-                 drop_last: Any = False, rank: Any = 0, world_size: Any = 1, seed: Any = 42,
-                 *, planner: str = "greedy", verify: Any = True, max_length: Any = None,
-                 long_samples: str = "drop", mix: Mix | None = None, **planner_options: Any):
-        failure = plan = None
-        world: Any = world_size
+    def __init__(self, lengths: LengthsLike, max_batch_tokens: NumberLike, max_batch_size: IntLike = 64,
+                 shuffle: FlagLike = True, drop_last: FlagLike = False, rank: IntLike | None = 0,
+                 world_size: IntLike | None = 1, seed: IntLike = 42, *, planner: str = "greedy",
+                 verify: FlagLike = True, max_length: IntLike | None = None, long_samples: str = "drop",
+                 mix: Mix | None = None, **planner_options: Any) -> None:
+        failure: BaseException | None = None
+        plan: Plan | None = None
+        world: Any = world_size  # the caller's value until resolve_world checks it
         self._segments: Segments = ()  # elastic history of the current epoch
         self._base = 0  # steps of the current epoch run at earlier world sizes
         try:
@@ -95,17 +99,17 @@ class DynamicBatchSampler(SamplerStateMixin, Sampler[list[int]]):
             failure = exc
         self._plan_fp: int | None = None  # the plan's fingerprint, computed when a check needs it
         if will_check(verify, world):
-            self._plan_fp = plan.fingerprint() if failure is None else 0
+            self._plan_fp = plan.fingerprint() if plan is not None else 0  # a plan exactly when no failure
             agree({"fingerprint": self._plan_fp, "epoch": 0, "start batch": 0}, "the plan of epoch 0", failure)
         elif failure is not None:
             raise failure
-        self.plan: Plan = plan
+        self.plan: Plan = cast(Plan, plan)  # agree() raised on every rank if any failed to plan
         self.epoch = 0
         self._start_batch = 0
         self._consumed = 0
         # a weak reference to the torch multi-worker DataLoader iterator drawing
         # from us, and the batch it started at (to tell when a state is ahead)
-        self._prefetcher: Any = None
+        self._prefetcher: weakref.ref | None = None
         self._prefetch_start = 0
 
     # ------------------------------------------------------------ settings
@@ -120,8 +124,10 @@ class DynamicBatchSampler(SamplerStateMixin, Sampler[list[int]]):
     planner_options = property(lambda self: self.config.options)
 
     @classmethod
-    def mixed(cls, sources: Any, max_batch_tokens: Any, max_batch_size: Any = 64, *, weights: Any = None,
-              samples: Any = None, repeats: Any = None, samples_per_epoch: Any = None,
+    def mixed(cls, sources: Sequence[LengthsLike], max_batch_tokens: NumberLike, max_batch_size: IntLike = 64, *,
+              weights: Sequence[float] | np.ndarray | None = None,
+              samples: Sequence[int] | np.ndarray | None = None,
+              repeats: Sequence[float] | np.ndarray | None = None, samples_per_epoch: IntLike | None = None,
               **kwargs: Any) -> DynamicBatchSampler:
         """A sampler over several sources mixed by weight, count or repeat.
 
@@ -227,26 +233,27 @@ class DynamicBatchSampler(SamplerStateMixin, Sampler[list[int]]):
 
     # ------------------------------------------------------------ epochs
 
-    def set_epoch(self, epoch: Any) -> None:
+    def set_epoch(self, epoch: IntLike) -> None:
         """Plan epoch ``epoch`` (no replanning when it is the planned one).
 
         With ``verify`` under torch.distributed this is a collective every
         time, so ranks that disagree on the epoch or start batch raise."""
         failure, plan, fp = None, self.plan, 0
+        new = 0  # the checked epoch
         try:
-            epoch = check_epoch(epoch)
-            if epoch != self.epoch:
-                plan = self._plan(epoch).plan
+            new = check_epoch(epoch)
+            if new != self.epoch:
+                plan = self._plan(new).plan
             fp = self._fp(plan)
         except Exception as exc:
             failure = exc
-        self._agree({"fingerprint": fp, "epoch": epoch if failure is None else 0, "start batch": self._start_batch},
+        self._agree({"fingerprint": fp, "epoch": new if failure is None else 0, "start batch": self._start_batch},
                     f"the plan of epoch {epoch}", failure)
         if plan is not self.plan:
-            self._switch(epoch, plan, fp)
+            self._switch(new, plan, fp)
             self._consumed = self._start_batch
 
-    def set_start_batch(self, n: Any) -> None:
+    def set_start_batch(self, n: IntLike) -> None:
         """Skip the first ``n`` batches on the next ``__iter__`` (consumed once)."""
         n = check_int("start batch", n, 0)
         if n < self._base:
