@@ -100,3 +100,12 @@ def test_check_range_refuses_int64_overflow_and_names_the_fix():
         CostModel.quadratic_duration(2**60).check_range(3000, 16_000, 64, 8)
     with pytest.raises(ValueError, match="world_size=64"):
         CostModel.quadratic().check_range(2**28, 2**30, 64, 64)
+
+
+def test_cost_cap_scales_max_step_cost_to_the_kernels_integer_cap():
+    assert CostModel.quadratic().cost_cap(None) == np.iinfo(np.int64).max
+    assert CostModel.quadratic().cost_cap(1000.7) == 1000
+    assert CostModel.quadratic_duration(40).cost_cap(2.5) == 100  # kernels compare 40 * cost
+    assert CostModel.linear().cost_cap(1e300) == np.iinfo(np.int64).max
+    with pytest.raises(ValueError, match="below the cost of any batch"):
+        CostModel.quadratic().cost_cap(0.5)

@@ -85,6 +85,16 @@ class CostModel:
         """Cost of batches of ``count`` samples padded to ``max_len`` (float64)."""
         return self.scaled(count, max_len) / float(self.scale)
 
+    def cost_cap(self, max_step_cost: float | None) -> int:
+        """``max_step_cost`` (cost units; None: no cap) as the kernels' cap on
+        scaled batch costs (``scale * cost``); a ValueError when no batch fits."""
+        if max_step_cost is None:
+            return INT64_MAX
+        cap = int(min(np.floor(max_step_cost * self.scale), INT64_MAX))
+        if cap < 1:
+            raise ValueError(f"max_step_cost={max_step_cost} is below the cost of any batch ({self}); raise it")
+        return cap
+
     def check_range(self, max_len: int, max_tokens: int, max_size: int, world_size: int) -> None:
         """Refuse lengths whose scaled costs summed over a step could overflow int64."""
         # A feasible batch holds <= min(budget, size cap * L) tokens, and a lone sample may exceed the budget.

@@ -65,7 +65,6 @@ _U64 = 1 << 64
 # (each costs one ranged read unless its holder gets it).
 POOL_BATCH = 4
 POOL_CAP = 4
-_INT64_MAX = np.iinfo(np.int64).max
 
 
 @dataclass(frozen=True)
@@ -167,11 +166,7 @@ def plan_affine_window(carry_len: np.ndarray, carry_holder: np.ndarray, new_len:
     cap = min(max_batch_size, max(n, 1))
     tokens = min(max_batch_tokens, cap * max(lmax, 1) + 1)
     cost.check_range(lmax, tokens, cap, w)
-    max_cost = _INT64_MAX
-    if max_step_cost is not None:
-        max_cost = int(min(np.floor(max_step_cost * cost.scale), _INT64_MAX))
-        if max_cost < 1:
-            raise ValueError(f"max_step_cost={max_step_cost} is below the cost of any batch ({cost}); raise it")
+    max_cost = cost.cost_cap(max_step_cost)
     pooled = pooled_mask(lengths, max_batch_tokens, w)
     weights = sample_weights(lengths, cost, tokens, cap, max_cost, w)
     weights[pooled] = 1

@@ -12,19 +12,6 @@ from numba import njit
 
 
 @njit(cache=True)
-def _fits(count, longest, max_tokens, max_size, code, q, max_cost):
-    if count > max_size or count * longest > max_tokens:
-        return False
-    if code == 0:
-        c = count * longest
-    elif code == 1:
-        c = count * longest * longest
-    else:
-        c = count * longest * (q + longest)
-    return c <= max_cost
-
-
-@njit(cache=True)
 def _cost(count, longest, code, q):
     if code == 0:
         return count * longest
