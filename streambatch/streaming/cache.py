@@ -229,7 +229,7 @@ class ShardCache:
         with self._lock:
             self._top_up()
 
-    def _background(self, ref: ShardRef) -> str | None:
+    def _background(self, ref: ShardRef) -> str | ShardError | None:
         try:
             return self.fetch(ref, block=False)
         except ShardError as exc:
