@@ -380,3 +380,23 @@ def test_planner_and_options_are_passed_through(corpus):
         assert calls and all(c == {"flavour": "x"} for c in calls)
     finally:
         del PLANNERS["recording-test"]
+
+
+def test_resume_calls_do_not_break_a_pass_in_progress(corpus):
+    # set_start_batch / load_state_dict while a main-process pass is still being iterated used to make
+    # that pass's next batch fail (TypeError on a position replaced by None); now the pass goes on and
+    # the next pass starts where it was told.
+    ds = make(corpus, rank=0, world_size=1)
+    ref = keys(ds)
+    it = iter(ds)
+    first = keys([next(it)])
+    state = ds.state_dict()
+    ds.set_start_batch(2)
+    assert keys([next(it)]) == ref[1:2]
+    assert keys(ds) == ref[2:]
+    it = iter(ds)
+    next(it)
+    ds.load_state_dict(state)
+    assert keys(it) == ref[1:]
+    assert keys(ds) == ref[1:]
+    assert first == ref[:1]

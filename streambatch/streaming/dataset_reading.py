@@ -67,12 +67,16 @@ class ReadingMixin:
             start = (resume if resume is not None else sum(k for _, k in segments)) + (worker or 0)
             limit = 0 if worker is None else stride
         self._slot = SharedState.slot(worker)
-        self._pos = {"epoch": epoch, "step": start, "worker": worker, "num_workers": 0 if info is None else stride,
-                     "segments": segments}
-        return self._generate(epoch, start, stride, limit, segments)
+        # The pass updates its own position dict: a later set_start_batch or load_state_dict replaces
+        # self._pos without breaking a pass still being iterated.
+        pos = {"epoch": epoch, "step": start, "worker": worker, "num_workers": 0 if info is None else stride,
+               "segments": segments}
+        self._pos = pos
+        return self._generate(epoch, start, stride, limit, segments, pos)
 
-    def _generate(self, epoch: int, start: int, stride: int, limit: int, segments: Segments = ()
-                  ) -> Iterator[Any]:
+    def _generate(self, epoch: int, start: int, stride: int, limit: int, segments: Segments = (),
+                  pos: dict[str, Any] | None = None) -> Iterator[Any]:
+        pos = {} if pos is None else pos
         reader = LocalReader()
         # Remote shards: byte ranges downloaded whole into a node-local cache, read by offset (remote_io.py).
         info = get_worker_info()
@@ -110,7 +114,7 @@ class ReadingMixin:
                 for s, idx in zip(steps, batches):
                     batch = [x for x in (self._sample(win, i, tables, reader, remote) for i in idx.tolist())
                              if x is not None]
-                    self._pos["step"] = s + stride
+                    pos["step"] = s + stride
                     self.bytes_read = reader.bytes_read + (remote.bytes_read if remote is not None else 0)
                     yield self.collate_fn(batch) if self.collate_fn is not None else batch
             if remote is not None:
