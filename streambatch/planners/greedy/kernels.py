@@ -147,10 +147,13 @@ def _first_member(groups, g, rot0, w):
 
 
 @njit(cache=True)
-def _extremes(groups, ng):
-    """Max/min of costs and of tokens over all ranks, their multiplicities and
-    runners-up: (hi, nhi, hi2, lo, nlo, lo2, thi, nthi, thi2, tlo, ntlo, tlo2).
-    From these, the max/min over "the other ranks" of any rank is O(1)."""
+def _choose_and_place(groups, ln, w, rot0, max_tokens, max_size):
+    """Place a sample of length ``ln`` on the rank with the smallest seed key.
+
+    Returns that rank, or -1 (nothing placed) when every rank is closed.
+    """
+    ng = groups[_META, 0]
+    # Max/min of costs and tokens over ranks, multiplicities and runners-up.
     g0 = groups[_ACTIVE, 0]
     hi = lo = groups[_COST, g0]
     thi = tlo = groups[_TOK, g0]
@@ -184,17 +187,6 @@ def _extremes(groups, ng):
             ntlo += k
         else:
             tlo2 = min(tlo2, v)
-    return hi, nhi, hi2, lo, nlo, lo2, thi, nthi, thi2, tlo, ntlo, tlo2
-
-
-@njit(cache=True)
-def _choose_and_place(groups, ln, w, rot0, max_tokens, max_size):
-    """Place a sample of length ``ln`` on the rank with the smallest seed key.
-
-    Returns that rank, or -1 (nothing placed) when every rank is closed.
-    """
-    ng = groups[_META, 0]
-    hi, nhi, hi2, lo, nlo, lo2, thi, nthi, thi2, tlo, ntlo, tlo2 = _extremes(groups, ng)
     # Keys per group; members differ only in the rotation.
     best = -1
     best_i = -1
@@ -255,22 +247,16 @@ def _choose_and_place(groups, ln, w, rot0, max_tokens, max_size):
         return -1
     if best_rank < 0:
         best_rank, best_rot = _first_member(groups, best, rot0, w)
-    _move(groups, best, best_i, best_rank, ln, ng)
-    return best_rank
-
-
-@njit(cache=True)
-def _move(groups, g_from, i_from, r, ln, ng):
-    """Move rank ``r`` (a member of group ``g_from``, active slot ``i_from``)
-    to the group of its new state after taking a sample of length ``ln``."""
-    c = groups[_CNT, g_from] + 1
-    nm = max(groups[_MX, g_from], ln)
-    groups[_SIZE, g_from] -= 1
-    groups[_XOR, g_from] ^= r
-    if groups[_SIZE, g_from] == 0:
-        groups[_ACTIVE, i_from] = groups[_ACTIVE, ng - 1]
+    # Move the rank to the group of its new state.
+    r = best_rank
+    c = groups[_CNT, best] + 1
+    nm = max(groups[_MX, best], ln)
+    groups[_SIZE, best] -= 1
+    groups[_XOR, best] ^= r
+    if groups[_SIZE, best] == 0:
+        groups[_ACTIVE, best_i] = groups[_ACTIVE, ng - 1]
         ng -= 1
-        groups[_FREE, groups[_META, 1]] = g_from
+        groups[_FREE, groups[_META, 1]] = best
         groups[_META, 1] += 1
     target = -1
     for i in range(ng):
@@ -293,6 +279,7 @@ def _move(groups, g_from, i_from, r, ln, ng):
     groups[_XOR, target] ^= r
     groups[_RANK_GROUP, r] = target
     groups[_META, 0] = ng
+    return r
 
 
 @njit(cache=True)
