@@ -7,17 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .common import _below, _helper, batch_cost
-
-
-@_helper
-def _grow_rows(counts, used, rows):
-    """counts (k, W) copied into (max(rows, k), W) zeros, its first ``used`` rows kept."""
-    grown = np.zeros((max(rows, counts.shape[0]), counts.shape[1]), dtype=np.int64)
-    for i in range(used):  # explicit loops: Numba compiles slice assignment slowly
-        for r in range(counts.shape[1]):
-            grown[i, r] = counts[i, r]
-    return grown
+from .common import _below, _cost, _grow, _helper, _new
 
 
 @_helper
@@ -35,32 +25,33 @@ def _head_batches(slen, p, w, max_tokens, max_size, code, q, cap):
     0 if the data ran out first) hold slen[p:stop].
     """
     n = slen.shape[0]
-    sizes = np.empty(4 * w, dtype=np.int64)
-    costs = np.empty(4 * w, dtype=np.int64)
-    k = 0
+    sizes = _new(4 * w)
+    costs = _new(4 * w)
+    k = np.int64(0)
     pos = p
-    k_done = 0
+    k_done = np.int64(0)
     stop = p
     while pos < n:
         if k == sizes.shape[0]:
-            sizes = _grow1(sizes, k)
-            costs = _grow1(costs, k)
-        cnt = 1
+            sizes = _grow(sizes, k, 2 * k)
+            costs = _grow(costs, k, 2 * k)
+        cnt = np.int64(1)
         mx = np.int64(slen[pos])
         pos += 1
         by_cost = False
         while pos < n:
-            nm = max(mx, np.int64(slen[pos]))
+            ln = np.int64(slen[pos])
+            nm = ln if ln > mx else mx
             if cnt + 1 > max_size or (cnt + 1) * nm > max_tokens:
                 break
-            if batch_cost(code, q, cnt + 1, nm) > cap:
+            if _cost(code, q, cnt + 1, nm) > cap:
                 by_cost = True
                 break
             cnt += 1
             mx = nm
             pos += 1
         sizes[k] = cnt
-        costs[k] = batch_cost(code, q, cnt, mx)
+        costs[k] = _cost(code, q, cnt, mx)
         k += 1
         if k % w == 0:
             took = pos - stop
@@ -72,24 +63,17 @@ def _head_batches(slen, p, w, max_tokens, max_size, code, q, cap):
 
 
 @_helper
-def _grow1(a, used):
-    grown = np.empty(2 * a.shape[0], dtype=np.int64)
-    for i in range(used):
-        grown[i] = a[i]
-    return grown
-
-
-@_helper
-def _by_cost(costs, k):
-    """(k,) int64 indices of costs[:k] from the costliest, ties in index
-    order: a bottom-up merge sort (np.argsort compiles much more code)."""
-    idx = np.arange(k)
-    tmp = np.empty(k, dtype=np.int64)
+def _by_cost(costs, k, idx, tmp):
+    """Fill idx (k,) with the indices of costs[:k] from the costliest, ties
+    in index order: a bottom-up merge sort (np.argsort compiles much more
+    code). tmp: (k,) scratch."""
+    for i in range(k):
+        idx[i] = i
     width = 1
     while width < k:
         for lo in range(0, k, 2 * width):
-            mid = min(lo + width, k)
-            hi = min(lo + 2 * width, k)
+            mid = lo + width if lo + width < k else k
+            hi = lo + 2 * width if lo + 2 * width < k else k
             i = lo
             j = mid
             for t in range(lo, hi):
@@ -102,7 +86,6 @@ def _by_cost(costs, k):
         for t in range(k):
             idx[t] = tmp[t]
         width *= 2
-    return idx
 
 
 @_helper
@@ -110,17 +93,20 @@ def _write_head(order, p, sizes, costs, k, w, shuffle, rot_key, first_step, out,
     """Write the k head batches (consecutive runs of order[p:] of the given
     sizes) as k / W steps, the costliest W batches first: grouping batches
     of like cost makes every step as short as its batches allow (sorting
-    minimises the sum over steps of the costliest batch). Returns (n_out, step)."""
-    start = np.empty(k, dtype=np.int64)
+    minimises the sum over steps of the costliest batch). counts: flat
+    (rows * W,) batch sizes, row ``step`` on. Returns (n_out, step)."""
+    work = _new(3 * k)
+    start = work[:k]
+    rank_of = work[k : 2 * k]
+    _by_cost(costs, k, rank_of, work[2 * k :])
     acc = p
     for i in range(k):
         start[i] = acc
         acc += sizes[i]
-    rank_of = _by_cost(costs, k)
     for g in range(k // w):
         rot = _below(rot_key, first_step + step, w) if shuffle else 0
         for j in range(w):
-            counts[step, (j + rot) % w] = sizes[rank_of[g * w + j]]
+            counts[step * w + (j + rot) % w] = sizes[rank_of[g * w + j]]
         for r in range(w):
             b = rank_of[g * w + (r - rot) % w]
             for i in range(sizes[b]):

@@ -11,9 +11,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ...core.hashing import _mix
-from .common import _below, batch_cost, njit
-from .head import _grow_rows, _head_batches, _write_head
+from .common import _I64_MAX, _below, _cost, _grow, _mix, _new, _zeros, batch_cost, njit
+from .head import _head_batches, _write_head
 from .layouts import (
     _contiguous,
     _deal_rank,
@@ -24,9 +23,9 @@ from .layouts import (
     _write_contiguous,
     _write_deal,
 )
-from .sort import _TAGS, bucket_sort
+from .sort import _TAGS, bucket_sort, table_size
 
-__all__ = ["_TAGS", "_deal_rank", "batch_cost", "bucket_sort", "plan_steps", "step_permutation"]
+__all__ = ["_TAGS", "batch_cost", "bucket_sort", "deal_rank", "plan_steps", "step_permutation", "table_size"]
 
 _SETTLED = 0.995  # a greedy step this balanced is taken without trying other layouts
 
@@ -60,19 +59,21 @@ def plan_steps(order, slen, w, max_tokens, max_size, code, q, max_cost, descendi
     one or two final steps (``_finish_split``); with ``drop_last`` instead,
     what cannot complete a step is left out.
 
-    Returns (counts, n_steps, n_out, stop): counts[:n_steps] (int64, W wide) are
-    the batch sizes; order[stop:] was not
-    planned; the final step has empty ranks (for the caller to pad) only when
-    fewer than W samples remained.
+    Returns (counts, n_steps, n_out, stop): counts[:n_steps * W] (int64) are
+    the batch sizes, step-major; order[stop:] was not planned; the final step
+    has empty ranks (for the caller to pad) only when fewer than W samples
+    remained.
     """
     n = slen.shape[0]
-    cost_limited = max_cost < np.iinfo(np.int64).max
-    counts = np.zeros((max(4, n // (w * 16) + 4), w), dtype=np.int64)
-    sizes = np.empty((5, w), dtype=np.int64)
-    maxes = np.empty((5, w), dtype=np.int64)
-    cur = np.empty(w, dtype=np.int64)
-    ends = np.zeros(5, dtype=np.int64)
-    rates = np.empty(5)
+    cost_limited = max_cost < _I64_MAX
+    counts = _zeros((n // (w * 16) + 4) * w)
+    # Scratch: sizes and longest sample of candidate layout c in
+    # sizes[c * W:(c + 1) * W], maxes[...]; where each candidate ends.
+    work = _new(11 * w + 5)
+    sizes = work[: 5 * w]
+    maxes = work[5 * w : 10 * w]
+    cur = work[10 * w : 11 * w]
+    ends = work[11 * w :]
     pcts = (0, 98, 95)
     # With one rank there is nothing to balance: capped variants and deals
     # reduce to plain contiguous batches.
@@ -84,8 +85,8 @@ def plan_steps(order, slen, w, max_tokens, max_size, code, q, max_cost, descendi
     n_out = np.int64(0)
     step = np.int64(0)
     while p < n:
-        if step + 2 > counts.shape[0]:
-            counts = _grow_rows(counts, step, 2 * counts.shape[0])
+        if (step + 2) * w > counts.shape[0]:
+            counts = _grow(counts, step * w, 2 * counts.shape[0])
         rot = _below(rot_key, first_step + step, w) if shuffle else 0
         left = n - p
         if left < w:
@@ -93,91 +94,108 @@ def plan_steps(order, slen, w, max_tokens, max_size, code, q, max_cost, descendi
                 break
             for j in range(left):  # one sample on each of the first ranks
                 out[n_out + j] = order[p + j]
-                counts[step, j] = 1
+                counts[step * w + j] = 1
             n_out += left
             p = n
             step += 1
             break
-        for c in range(rates.shape[0]):
-            rates[c] = np.inf
-        cheapest = np.iinfo(np.int64).max
+        # The layout wasting the least (the first of equals), and its rate:
+        # inf when no layout completes a step.
+        best = 0
+        best_rate = np.inf
+        cheapest = _I64_MAX
         settled = False
         for c in range(n_contig):
             limit = max_cost
             if c > 0:  # hold every batch to 1/0.98 or 1/0.95 of the cheapest greedy one
-                if settled or cheapest == 0 or cheapest == np.iinfo(np.int64).max:
+                if settled or cheapest == 0 or cheapest == _I64_MAX:
                     break
-                limit = min(max_cost, cheapest + cheapest // pcts[c] * (100 - pcts[c]))
-            end, complete, real = _contiguous(slen, p, w, max_tokens, max_size, code, q, limit, sizes[c], maxes[c])
+                held = cheapest + cheapest // pcts[c] * (100 - pcts[c])
+                limit = held if held < max_cost else max_cost
+            sz = sizes[c * w : (c + 1) * w]
+            mx = maxes[c * w : (c + 1) * w]
+            end, complete, real = _contiguous(slen, p, w, max_tokens, max_size, code, q, limit, sz, mx)
             ends[c] = end
             if complete:
-                rates[c], balance = _waste_rate(sizes[c], maxes[c], real, w, max_tokens, max_size, code, q,
-                                                max_cost, cost_limited)
+                rate, balance = _waste_rate(sz, mx, real, w, max_tokens, max_size, code, q, max_cost, cost_limited)
+                if rate < best_rate:
+                    best_rate = rate
+                    best = c
                 if c == 0:
                     # Balanced already: nothing else can do much better; skip the rest.
                     settled = balance >= _SETTLED
                     for r in range(w):
-                        cheapest = min(cheapest, batch_cost(code, q, sizes[0, r], maxes[0, r]))
-        if descending and w > 1 and rates[0] < np.inf:
+                        cr = _cost(code, q, sizes[r], maxes[r])
+                        cheapest = cr if cr < cheapest else cheapest
+        if descending and w > 1 and best_rate < np.inf:  # layout 0 completed
             # An outlier at the head of the step: the longest sample alone
             # costs as much as the cheapest full batch, so it sets the step's
             # time whatever the layout. Hold every batch to that lone cost:
             # nothing costs more than the step must, and the step still
             # takes the longest samples that fit under it.
-            lone = batch_cost(code, q, 1, np.int64(slen[p]))
+            lone = _cost(code, q, np.int64(1), np.int64(slen[p]))
             top = np.int64(0)
             for r in range(w):
-                top = max(top, batch_cost(code, q, sizes[0, r], maxes[0, r]))
+                cr = _cost(code, q, sizes[r], maxes[r])
+                top = cr if cr > top else top
             if cheapest <= lone < top:
                 hsize, hcost, k, stop = _head_batches(slen, p, w, max_tokens, max_size, code, q,
-                                                      min(max_cost, lone))
+                                                      lone if lone < max_cost else max_cost)
                 if k > 0:
-                    if step + k // w + 2 > counts.shape[0]:
-                        counts = _grow_rows(counts, step, step + k // w + 2)
+                    if (step + k // w + 2) * w > counts.shape[0]:
+                        counts = _grow(counts, step * w, (step + k // w + 2) * w)
                     n_out, step = _write_head(order, p, hsize, hcost, k, w, shuffle, rot_key, first_step, out,
                                               n_out, counts, step)
                     p = stop
                     continue
-        b = 0
+        b = np.int64(0)
         if not settled:
             b, b_narrow, complete = _deal_size(slen, p, w, max_tokens, max_size, code, q, max_cost)
         if w > 1 and not settled:
             for c, bc in ((3, b), (4, b_narrow)):
                 if bc > 0 and (complete or bc < b):
                     ends[c] = p + w * bc
-                    real = _deal_stats(slen, p, ends[c], w, sizes[c], maxes[c])
-                    rates[c] = _waste_rate(sizes[c], maxes[c], real, w, max_tokens, max_size, code, q, max_cost,
-                                           cost_limited)[0]
-        best = np.argmin(rates)
+                    sz = sizes[c * w : (c + 1) * w]
+                    mx = maxes[c * w : (c + 1) * w]
+                    real = _deal_stats(slen, p, ends[c], w, sz, mx)
+                    rate = _waste_rate(sz, mx, real, w, max_tokens, max_size, code, q, max_cost, cost_limited)[0]
+                    if rate < best_rate:
+                        best_rate = rate
+                        best = c
         # How far a full step reaches (to the end of the data when a full
         # layout ran out first): once less than that would remain after this
         # step, the rest is finished as a whole.
-        reach = ends[0] if b == 0 else max(ends[0], p + w * b if complete else n)
-        near_end = rates[best] == np.inf or n - ends[best] < reach - p
+        reach = ends[0]
+        if b > 0:
+            deal_end = p + w * b if complete else n
+            reach = deal_end if deal_end > reach else reach
+        near_end = best_rate == np.inf or n - ends[best] < reach - p
         if near_end and not finish:
             break  # leave the end to the caller
         if near_end and not drop_last:
             h = _finish_split(slen, p, w, max_tokens, max_size, code, q, max_cost, cost_limited,
-                              sizes[0], maxes[0])
+                              sizes[:w], maxes[:w])
             if h > 0:
-                n_out = _write_deal(order, p, p + h, w, rot, out, n_out, counts[step], cur)
+                n_out = _write_deal(order, p, p + h, w, rot, out, n_out, counts[step * w : (step + 1) * w], cur)
                 step += 1
                 if h < left:
                     rot = _below(rot_key, first_step + step, w) if shuffle else 0
-                    n_out = _write_deal(order, p + h, n, w, rot, out, n_out, counts[step], cur)
+                    n_out = _write_deal(order, p + h, n, w, rot, out, n_out, counts[step * w : (step + 1) * w],
+                                        cur)
                     step += 1
                 p = n
                 break
-        if rates[best] == np.inf:
+        if best_rate == np.inf:
             if drop_last:
                 break
             best = 3  # nothing completes a step nor fits in two: deal what fits, then go on
             ends[3] = p + w * b
+        row = counts[step * w : (step + 1) * w]
         if best >= 3:
-            n_out = _write_deal(order, p, ends[best], w, rot, out, n_out, counts[step], cur)
+            n_out = _write_deal(order, p, ends[best], w, rot, out, n_out, row, cur)
             p = ends[best]
         else:
-            n_out, p = _write_contiguous(order, p, sizes[best], w, rot, out, n_out, counts[step], cur)
+            n_out, p = _write_contiguous(order, p, sizes[best * w : (best + 1) * w], w, rot, out, n_out, row, cur)
         step += 1
     return counts, step, n_out, p
 
@@ -185,10 +203,18 @@ def plan_steps(order, slen, w, max_tokens, max_size, code, q, max_cost, descendi
 @njit(cache=True)
 def step_permutation(n_steps, key):
     """(n_steps,) int64 Fisher-Yates permutation drawn from ``key``."""
-    perm = np.arange(n_steps)
+    perm = _new(n_steps)
+    for i in range(n_steps):
+        perm[i] = i
     for i in range(n_steps - 1, 0, -1):
         j = _below(key, i, i + 1)
         t = perm[i]
         perm[i] = perm[j]
         perm[j] = t
     return perm
+
+
+@njit(cache=True)
+def deal_rank(t, m, w):
+    """``_deal_rank`` callable from Python (tests)."""
+    return _deal_rank(np.int64(t), np.int64(m), np.int64(w))

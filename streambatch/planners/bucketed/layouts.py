@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .common import _helper, batch_cost, njit
+from .common import _I64_MAX, _cost, _helper, _new
 
 # Weights of the waste terms when choosing a step's layout (``_waste_rate``),
 # roughly inverse to the slack the targets leave each: balance 0.98, padding
@@ -30,15 +30,15 @@ def _contiguous(slen, p, w, max_tokens, max_size, code, q, limit, sizes, maxes):
     for r in range(w):
         if pos >= n:
             return pos, False, real
-        cnt = 1
-        mx = slen[pos]
+        cnt = np.int64(1)
+        mx = np.int64(slen[pos])
         real += mx
         pos += 1
         closed = False
         while pos < n:
-            ln = slen[pos]
-            nm = max(mx, ln)
-            if cnt + 1 > max_size or (cnt + 1) * nm > max_tokens or batch_cost(code, q, cnt + 1, nm) > limit:
+            ln = np.int64(slen[pos])
+            nm = ln if ln > mx else mx
+            if cnt + 1 > max_size or (cnt + 1) * nm > max_tokens or _cost(code, q, cnt + 1, nm) > limit:
                 closed = True
                 break
             cnt += 1
@@ -64,12 +64,13 @@ def _deal_size(slen, p, w, max_tokens, max_size, code, q, max_cost):
     bounded b. Needs p + W <= n. Works in either direction of slen.
     """
     n = slen.shape[0]
-    mx = 0
-    mn = np.iinfo(np.int64).max
+    mx = np.int64(0)
+    mn = _I64_MAX
     for j in range(p, p + w):
-        mx = max(mx, slen[j])
-        mn = min(mn, slen[j])
-    b = 1
+        ln = np.int64(slen[j])
+        mx = ln if ln > mx else mx
+        mn = ln if ln < mn else mn
+    b = np.int64(1)
     b_narrow = 1 if mx * _NARROW <= mn * (_NARROW + 1) else 0
     complete = True
     while True:
@@ -81,9 +82,10 @@ def _deal_size(slen, p, w, max_tokens, max_size, code, q, max_cost):
             break
         nm = mx
         for j in range(p + w * b, p + w * nb):
-            nm = max(nm, slen[j])
-            mn = min(mn, slen[j])
-        if nb * nm > max_tokens or batch_cost(code, q, nb, nm) > max_cost:
+            ln = np.int64(slen[j])
+            nm = ln if ln > nm else nm
+            mn = ln if ln < mn else mn
+        if nb * nm > max_tokens or _cost(code, q, nb, nm) > max_cost:
             break
         b = nb
         mx = nm
@@ -92,7 +94,7 @@ def _deal_size(slen, p, w, max_tokens, max_size, code, q, max_cost):
     return b, b_narrow, complete
 
 
-@njit(cache=True)
+@_helper
 def _deal_rank(t, m, w):
     """Layout slot of the t-th longest of m dealt samples: rounds of W in
     slot order, except that a final partial round goes to the last slots,
@@ -114,10 +116,11 @@ def _deal_stats(slen, lo, hi, w, sizes, maxes):
         maxes[r] = 0
     for t in range(m):
         r = _deal_rank(t, m, w)
-        ln = slen[hi - 1 - t]
+        ln = np.int64(slen[hi - 1 - t])
         real += ln
         sizes[r] += 1
-        maxes[r] = max(maxes[r], ln)
+        if ln > maxes[r]:
+            maxes[r] = ln
     return real
 
 
@@ -132,24 +135,26 @@ def _waste_rate(sizes, maxes, real, w, max_tokens, max_size, code, q, max_cost, 
     unused = 0.0
     for r in range(w):
         tok = float(sizes[r] * maxes[r])
-        c = float(batch_cost(code, q, sizes[r], maxes[r]))
+        c = float(_cost(code, q, sizes[r], maxes[r]))
         padded += tok
         csum += c
-        cmax = max(cmax, c)
-        fill = max(tok / max_tokens, sizes[r] / max_size)
-        if cost_limited:
-            fill = max(fill, c / max_cost)
+        cmax = c if c > cmax else cmax
+        fill = tok / max_tokens
+        by_size = sizes[r] / max_size
+        fill = by_size if by_size > fill else fill
+        if cost_limited and c / max_cost > fill:
+            fill = c / max_cost
         if 0.0 < fill < 1.0:
             unused += tok * (1.0 / fill - 1.0)
     balance = csum / (w * cmax) if cmax > 0.0 else 1.0
     waste = _W_BALANCE * padded * (1.0 - balance) + _W_PADDING * (padded - real) + _W_FILL * unused
-    return waste / max(float(real), 1.0), balance
+    return waste / (float(real) if real > 1 else 1.0), balance
 
 
 @_helper
 def _fits(count, max_len, max_tokens, max_size, code, q, max_cost):
     return count <= 1 or (count <= max_size and count * max_len <= max_tokens
-                          and batch_cost(code, q, count, max_len) <= max_cost)
+                          and _cost(code, q, count, max_len) <= max_cost)
 
 
 @_helper
@@ -171,17 +176,20 @@ def _finish_split(slen, p, w, max_tokens, max_size, code, q, max_cost, cost_limi
     every rank's longest taken as its step's longest."""
     n = slen.shape[0]
     m = n - p
-    pre = np.empty(m + 1, dtype=np.int64)  # longest and total of the first i samples
-    tot = np.empty(m + 1, dtype=np.int64)
+    work = _new(3 * (m + 1))
+    pre = work[: m + 1]  # longest and total of the first i samples
+    tot = work[m + 1 : 2 * (m + 1)]
+    suf = work[2 * (m + 1) :]  # longest of slen[p+i:]
     pre[0] = 0
     tot[0] = 0
     for i in range(m):
-        pre[i + 1] = max(pre[i], slen[p + i])
-        tot[i + 1] = tot[i] + slen[p + i]
-    suf = np.empty(m + 1, dtype=np.int64)  # longest of slen[p+i:]
+        ln = np.int64(slen[p + i])
+        pre[i + 1] = ln if ln > pre[i] else pre[i]
+        tot[i + 1] = tot[i] + ln
     suf[m] = 0
     for i in range(m - 1, -1, -1):
-        suf[i] = max(suf[i + 1], slen[p + i])
+        ln = np.int64(slen[p + i])
+        suf[i] = ln if ln > suf[i + 1] else suf[i + 1]
     best = -1
     best_rate = np.inf
     h = m
