@@ -12,12 +12,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from streambatch import make_plan
-from streambatch.planners.bucketed.kernels import _TAGS, bucket_sort, deal_rank, step_permutation
+from streambatch.core.cost import CostModel
 from streambatch.core.hashing import _mix, hash_array
+from streambatch.planners import PLANNERS, register_planner
+from streambatch.planners.bucketed.kernels import _TAGS, bucket_sort, deal_rank, step_permutation
 from streambatch.planners.bucketed.plan import DEFAULT_BUCKET_WIDTH, _hash_words, bucket_edges, plan_bucketed, plan_key
 from streambatch.planners.bucketed.plan import _mix as _py_mix
-from streambatch.core.cost import CostModel
-from streambatch.planners import PLANNERS, register_planner
+
 from helpers import examples
 
 if "bucketed" not in PLANNERS:
