@@ -53,6 +53,55 @@ def _contiguous(slen, p, w, max_tokens, max_size, code, q, limit, sizes, maxes):
 
 
 @_helper
+def _time_rate(slen, p, end, sizes, maxes, w, code, q):
+    """Rank time per unit of work of W batches of slen[p:end]: W x the
+    costliest batch over what its samples cost alone (no padding, perfect
+    balance), so 1 is ideal. inf when the samples cost nothing."""
+    top = np.int64(0)
+    for r in range(w):
+        c = _cost(code, q, sizes[r], maxes[r])
+        top = c if c > top else top
+    work = 0.0
+    for i in range(p, end):
+        work += _cost(code, q, np.int64(1), np.int64(slen[i]))
+    return w * float(top) / work if work > 0.0 else np.inf
+
+
+@_helper
+def _sparse_cap(slen, p, w, max_tokens, max_size, code, q, top, lone, rate, sizes, maxes):
+    """Where long samples are sparse (slen descending), a step of contiguous
+    batches spans a wide range of lengths and its first batches cost far
+    more than its last. Try holding every batch to a cost limit, from top
+    (the costliest batch without one) down by 5 % at a time until it is
+    below the longest sample alone (``lone``) or the data runs out, and
+    keep the limit with the least ``_time_rate`` if below ``rate`` (the
+    layout chosen so far's).
+
+    sizes, maxes: (2W,) scratch; the chosen layout is left in [:W]. Returns
+    its end, or -1 when no limit does better.
+    """
+    best_end = np.int64(-1)
+    limit = top
+    while True:
+        limit = limit - limit // 20 - 1
+        if limit < lone:
+            break
+        sz = sizes[w:]
+        mx = maxes[w:]
+        end, complete, real = _contiguous(slen, p, w, max_tokens, max_size, code, q, limit, sz, mx)
+        if not complete:
+            break
+        r = _time_rate(slen, p, end, sz, mx, w, code, q)
+        if r < rate:
+            rate = r
+            best_end = end
+            for j in range(w):
+                sizes[j] = sz[j]
+                maxes[j] = mx[j]
+    return best_end
+
+
+@_helper
 def _deal_size(slen, p, w, max_tokens, max_size, code, q, max_cost):
     """How many samples per rank a deal of the samples from ``p`` can take.
 

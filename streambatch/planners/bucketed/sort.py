@@ -34,17 +34,6 @@ def _bucket_of(length, edges, table):
 
 
 @_helper
-def _bucket_table(edges, table):
-    """Fill table (max_len + 1,) int32 with the bucket of every length."""
-    k = edges.shape[0]
-    b = 0
-    for v in range(table.shape[0]):
-        while b < k and edges[b] <= v:
-            b += 1
-        table[v] = b
-
-
-@_helper
 def _histograms(lengths, edges, table, key, shuffle, size, tags):
     """size[b] += samples in bucket b; tags[t + 1] += samples of tag t."""
     mask = np.uint64(_TAGS - 1)
@@ -82,23 +71,7 @@ def _scatter_by_bucket(idx, lengths, edges, table, start, order, slen):
         start[b] = at + 1
 
 
-@_helper
-def _dense_bucket(edges, size, max_tokens, max_size):
-    """The bucket a full step spans the smallest share of: most samples per
-    sample a step can take (size cap, or budget / length)."""
-    dense = 0
-    best = -1.0
-    for b in range(size.shape[0]):
-        low = edges[b - 1] if b > 0 else 0
-        per_sample = max_tokens / low if low > 1 else float(max_tokens)
-        score = size[b] / (per_sample if per_sample < max_size else float(max_size))
-        if score > best:
-            best = score
-            dense = b
-    return dense
-
-
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
 def bucket_sort(lengths, edges, table, key, shuffle, max_tokens, max_size, order, slen, tmp_idx, tmp_len):
     """Order samples by length bucket, shuffled within each bucket, so that
     steps laid out from both ends meet where lengths are densest.
@@ -111,7 +84,7 @@ def bucket_sort(lengths, edges, table, key, shuffle, max_tokens, max_size, order
     indices, slen: (n,) int their lengths (any integer dtype wide enough);
     tmp_idx, tmp_len: (n,) scratch of the same dtypes.
 
-    With d the densest bucket (``_dense_bucket``), buckets 0..d come first in
+    With d the densest bucket (see below), buckets 0..d come first in
     ascending order, then buckets k..d+1 in descending order. Returns m, the
     number of samples in buckets 0..d.
 
@@ -123,7 +96,11 @@ def bucket_sort(lengths, edges, table, key, shuffle, max_tokens, max_size, order
     buckets keep index order.
     """
     k = edges.shape[0]
-    _bucket_table(edges, table)
+    b = 0
+    for v in range(table.shape[0]):  # the bucket of every length (if a table is used)
+        while b < k and edges[b] <= v:
+            b += 1
+        table[v] = b
     size = _new(k + 1)
     start = _new(k + 1)
     tags = _new(_TAGS + 1)
@@ -132,7 +109,17 @@ def bucket_sort(lengths, edges, table, key, shuffle, max_tokens, max_size, order
     for t in range(_TAGS + 1):
         tags[t] = 0
     _histograms(lengths, edges, table, key, shuffle, size, tags)
-    dense = _dense_bucket(edges, size, max_tokens, max_size)
+    # The densest bucket: the one a full step spans the smallest share of
+    # (most samples per sample a step can take: size cap, or budget / length).
+    dense = 0
+    best = -1.0
+    for b in range(k + 1):
+        low = edges[b - 1] if b > 0 else 0
+        per_sample = max_tokens / low if low > 1 else float(max_tokens)
+        score = size[b] / (per_sample if per_sample < max_size else float(max_size))
+        if score > best:
+            best = score
+            dense = b
     acc = 0
     for b in range(dense + 1):
         start[b] = acc
