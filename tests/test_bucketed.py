@@ -12,11 +12,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from streambatch import make_plan
-from streambatch.planners.bucketed.kernels import _TAGS, _deal_rank, bucket_sort, step_permutation
-from streambatch.core.hashing import _mix
-from streambatch.planners.bucketed.plan import DEFAULT_BUCKET_WIDTH, bucket_edges, plan_bucketed, plan_key
 from streambatch.core.cost import CostModel
+from streambatch.core.hashing import _mix, hash_array
 from streambatch.planners import PLANNERS, register_planner
+from streambatch.planners.bucketed.kernels import _TAGS, bucket_sort, deal_rank, step_permutation
+from streambatch.planners.bucketed.plan import DEFAULT_BUCKET_WIDTH, _hash_words, bucket_edges, plan_bucketed, plan_key
+from streambatch.planners.bucketed.plan import _mix as _py_mix
+
 from helpers import examples
 
 if "bucketed" not in PLANNERS:
@@ -201,15 +203,17 @@ def test_wide_lengths_use_the_wide_paths():
 
 @settings(max_examples=examples(80), deadline=None)
 @given(lengths=st.lists(st.integers(0, 3000), max_size=400), width=st.sampled_from([0.001, 0.02, 0.3]),
-       shuffle=st.booleans(), key=st.integers(0, 2**64 - 1), tokens=st.integers(1, 20000), size=st.integers(1, 64))
-def test_bucket_sort_matches_a_naive_twin(lengths, width, shuffle, key, tokens, size):
+       shuffle=st.booleans(), key=st.integers(0, 2**64 - 1), tokens=st.integers(1, 20000), size=st.integers(1, 64),
+       table=st.booleans())
+def test_bucket_sort_matches_a_naive_twin(lengths, width, shuffle, key, tokens, size, table):
     lengths = np.array(lengths, dtype=np.int64)
     n = lengths.size
     lmax = int(lengths.max(initial=0))
     edges = bucket_edges(lmax, width, 0.37)
     order, slen = np.empty(n, np.int32), np.empty(n, np.int16)
-    m = bucket_sort(lengths, lmax, edges, np.uint64(key), shuffle, tokens, size, order, slen,
-                    np.empty(n, np.int32), np.empty(n, np.int16))
+    # with a lookup table of every length's bucket, or bisecting the edges
+    m = bucket_sort(lengths, edges, np.empty(lmax + 1 if table else 0, np.int32), np.uint64(key), shuffle, tokens,
+                    size, order, slen, np.empty(n, np.int32), np.empty(n, np.int16))
     # naive: densest bucket, then buckets up to it ascending, the rest descending
     bucket = np.searchsorted(edges, lengths, side="right")
     per_bucket = np.bincount(bucket, minlength=edges.size + 1)
@@ -234,9 +238,10 @@ def test_bucket_edges(max_len, width, phase):
     assert (edges[1:][wide] <= np.ceil(edges[:-1][wide] * (1 + width) ** 2) + 1).all()
 
 
+@settings(deadline=None)  # the first example compiles deal_rank
 @given(m=st.integers(1, 500), w=st.integers(1, 70))
 def test_deal_rank_spreads_evenly(m, w):
-    slots = [_deal_rank(t, m, w) for t in range(m)]
+    slots = [deal_rank(t, m, w) for t in range(m)]
     count = np.bincount(slots, minlength=w)
     assert count.max() - count.min() <= (1 if m >= w else 1) and count.sum() == m
     assert all(0 <= s < w for s in slots)
@@ -245,6 +250,16 @@ def test_deal_rank_spreads_evenly(m, w):
         assert sorted(slots[:w]) == list(range(w))
         extra = m % w
         assert set(np.flatnonzero(count > m // w)) == set(range(w - extra, w))
+
+
+@settings(max_examples=examples(100), deadline=None)
+@given(words=st.lists(st.integers(0, 2**32 - 1), max_size=4), h=st.integers(0, 2**64 - 1), v=st.integers(0, 2**64 - 1))
+def test_python_keys_match_the_numba_hash(words, h, v):
+    # plan keys are computed in Python ints (no compiled code); they must be
+    # the very bits core.hashing produces, or every plan would change.
+    words = np.array(words, dtype=np.uint32)
+    assert _hash_words(words, h) == int(hash_array(words.astype(np.int64), np.uint64(h))) % 2**64
+    assert _py_mix(h, v) == int(_mix(np.uint64(h), np.uint64(v)))
 
 
 def test_keys_and_step_permutation():

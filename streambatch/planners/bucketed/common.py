@@ -1,5 +1,5 @@
 """What every bucketed kernel shares: the helper decorator, counter-based
-draws and the integer batch cost.
+draws, the integer batch cost and array allocation.
 
 Batch costs are integers (see ``core/cost.py``):
 
@@ -8,6 +8,18 @@ Batch costs are integers (see ``core/cost.py``):
 
 Randomness is counter-based (a splitmix64 finaliser of ``key ^ counter``), so
 every draw is a pure function of the 64-bit key and its position.
+
+Compile time (a cold first call compiles every kernel) shapes this code:
+
+- helpers only other kernels call get no CPython or C wrapper (``_helper``);
+- a helper is compiled once per distinct argument-type tuple, so callers pass
+  int64 (``np.int64(x)``, never an int16 length or a literal int) and uint64
+  keys: one specialisation each;
+- Numba compiles an overload such as ``np.empty``, ``max`` or ``np.argmin``
+  again in every function that uses it, so kernels allocate only through
+  ``_new`` and compare with conditional expressions;
+- ``error_model="numpy"``: no ZeroDivisionError branch after every ``/``,
+  ``//`` and ``%`` (inputs are validated: no kernel divides by zero).
 """
 
 from __future__ import annotations
@@ -15,29 +27,71 @@ from __future__ import annotations
 import numpy as np
 from numba import njit  # noqa: F401 (re-exported for the kernel modules)
 
-from ...core.hashing import _mix
-
 _U32 = np.uint64(32)
+_I64_MAX = np.int64(np.iinfo(np.int64).max)  # a typed global: np.iinfo compiles code in every kernel using it
 
 # Helpers only other kernels call: no CPython or C wrapper to generate and
 # compile for them.
-_helper = njit(cache=True, no_cpython_wrapper=True, no_cfunc_wrapper=True)
+_helper = njit(cache=True, no_cpython_wrapper=True, no_cfunc_wrapper=True, error_model="numpy")
+
+
+@_helper
+def _mix(h, v):
+    """splitmix64 finaliser of h ^ v (both uint64): ``core.hashing._mix``'s
+    unsigned case, without the wrappers (tests check they agree)."""
+    z = (h ^ v) + np.uint64(0x9E3779B97F4A7C15)
+    z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    return z ^ (z >> np.uint64(31))
 
 
 @_helper
 def _below(key, counter, n):
-    """A draw in [0, n) from (key, counter); n >= 1."""
+    """A draw in [0, n) from (key uint64, counter int64); n >= 1 (int64)."""
     r = _mix(key, np.uint64(counter))
     if n < (1 << 32):
         return np.int64(((r >> _U32) * np.uint64(n)) >> _U32)
     return np.int64(r % np.uint64(n))
 
 
-@njit(cache=True)
-def batch_cost(code, q, count, max_len):
-    """Integer cost of ``count`` samples padded to ``max_len`` (codes above)."""
+@_helper
+def _cost(code, q, count, max_len):
+    """Integer cost of ``count`` samples padded to ``max_len`` (codes above);
+    all int64."""
     if code == 0:
         return count * max_len
     if code == 1:
         return count * max_len * max_len
     return count * max_len * (q + max_len)
+
+
+@njit(cache=True, error_model="numpy")
+def batch_cost(code, q, count, max_len):
+    """``_cost`` callable from Python (tests and callers outside kernels)."""
+    return _cost(np.int64(code), np.int64(q), np.int64(count), np.int64(max_len))
+
+
+@_helper
+def _new(n):
+    """(n,) int64, uninitialised: every kernel allocation goes through here."""
+    return np.empty(n, dtype=np.int64)
+
+
+@_helper
+def _zeros(n):
+    """(n,) int64 zeros."""
+    a = _new(n)
+    for i in range(n):
+        a[i] = 0
+    return a
+
+
+@_helper
+def _grow(a, used, size):
+    """(size,) int64 holding a[:used] first (size >= used), the rest zero."""
+    grown = _new(size)
+    for i in range(used):  # explicit loops: Numba compiles slice assignment slowly
+        grown[i] = a[i]
+    for i in range(used, size):
+        grown[i] = 0
+    return grown

@@ -1,130 +1,128 @@
-"""The outlier head: when the longest remaining sample alone costs as much as
-the cheapest full batch, it sets its step's time whatever the layout. The
-head's batches are then held to that lone cost and grouped into steps by
-cost, so no batch costs more than its step must."""
+"""The head: long samples (slen descending) laid out one step at a time,
+each step no longer than its longest sample makes it.
+
+An outlier (the longest remaining sample alone costs as much as the
+cheapest full batch) sets its step's time whatever the layout. The next
+samples are then cut into a pool of batches, each held to the cost of the
+longest sample alone, and the step takes the W costliest of them: no batch
+costs more than the step must (outliers alone, or with samples that keep
+it under that cost), the other ranks get batches as close to that cost as
+the pool offers, and the rest goes back, in order, to be planned next. The
+steps after a head step stay head steps while the samples stay long (the
+pool re-cut each time under the new longest sample's cost), so that the
+longest samples are spread over steps of like cost.
+"""
 
 from __future__ import annotations
 
 import numpy as np
 
-from .common import _below, _helper, batch_cost
+from .common import _cost, _helper, _new, _zeros
+
+LONG = 16  # a sample is long when fewer than this many of its length fit the token budget
+POOL = 4  # the pool holds at most this many steps' worth of batches...
+_MIN_POOL = 2  # ...and at least this many, so that a step has batches to choose from
+_SWAP = 1.15  # a lone sample within 1 / _SWAP of the cheapest chosen batch's cost is taken instead
 
 
 @_helper
-def _grow_rows(counts, used, rows):
-    """counts (k, W) copied into (max(rows, k), W) zeros, its first ``used`` rows kept."""
-    grown = np.zeros((max(rows, counts.shape[0]), counts.shape[1]), dtype=np.int64)
-    for i in range(used):  # explicit loops: Numba compiles slice assignment slowly
-        for r in range(counts.shape[1]):
-            grown[i, r] = counts[i, r]
-    return grown
+def _head_pool(slen, p, w, max_tokens, max_size, code, q, cap, long_only, sizes, costs):
+    """Cut slen[p:] into batches of consecutive samples, each filled until
+    the next sample would break the size cap, token budget or cost ``cap``.
 
-
-@_helper
-def _head_batches(slen, p, w, max_tokens, max_size, code, q, cap):
-    """Batches of the long head of descending lengths slen[p:], each of
-    consecutive samples filled until the next would break the size cap,
-    token budget or cost ``cap`` (the cost of the longest sample alone).
-
-    The head ends at a whole number of steps, once a step's last batch was
-    closed by the token budget or size cap rather than by ``cap`` (ordinary
-    steps follow), or once less data remains than two steps of it took (left
-    to the caller).
-
-    Returns (sizes, costs, k, stop): the first k batches (k a multiple of W,
-    0 if the data ran out first) hold slen[p:stop].
+    Stops after a whole number of steps' worth of batches (W), at
+    _MIN_POOL of them or more once the last batch costs under cap / 2
+    (shorter samples no longer compete), at POOL at most; with
+    ``long_only``, before the first batch of samples that are not long
+    (LONG). sizes, costs: (POOL * W,) int64 receive the batches. Returns k,
+    a multiple of W: the pool is the first k batches (0 when the data ran
+    out first).
     """
     n = slen.shape[0]
-    sizes = np.empty(4 * w, dtype=np.int64)
-    costs = np.empty(4 * w, dtype=np.int64)
-    k = 0
     pos = p
-    k_done = 0
-    stop = p
-    while pos < n:
-        if k == sizes.shape[0]:
-            sizes = _grow1(sizes, k)
-            costs = _grow1(costs, k)
-        cnt = 1
+    k = np.int64(0)
+    while pos < n and k < POOL * w and (max_tokens < LONG * np.int64(slen[pos]) or not long_only):
+        cnt = np.int64(1)
         mx = np.int64(slen[pos])
         pos += 1
-        by_cost = False
         while pos < n:
-            nm = max(mx, np.int64(slen[pos]))
-            if cnt + 1 > max_size or (cnt + 1) * nm > max_tokens:
-                break
-            if batch_cost(code, q, cnt + 1, nm) > cap:
-                by_cost = True
+            ln = np.int64(slen[pos])
+            nm = ln if ln > mx else mx
+            if cnt + 1 > max_size or (cnt + 1) * nm > max_tokens or _cost(code, q, cnt + 1, nm) > cap:
                 break
             cnt += 1
             mx = nm
             pos += 1
         sizes[k] = cnt
-        costs[k] = batch_cost(code, q, cnt, mx)
+        costs[k] = _cost(code, q, cnt, mx)
         k += 1
-        if k % w == 0:
-            took = pos - stop
-            k_done = k
-            stop = pos
-            if not by_cost or n - pos < 2 * took:
-                break
-    return sizes, costs, k_done, stop
+        if k % w == 0 and k >= _MIN_POOL * w and 2 * costs[k - 1] < cap:
+            break
+    return k - k % w
 
 
 @_helper
-def _grow1(a, used):
-    grown = np.empty(2 * a.shape[0], dtype=np.int64)
-    for i in range(used):
-        grown[i] = a[i]
-    return grown
-
-
-@_helper
-def _by_cost(costs, k):
-    """(k,) int64 indices of costs[:k] from the costliest, ties in index
-    order: a bottom-up merge sort (np.argsort compiles much more code)."""
-    idx = np.arange(k)
-    tmp = np.empty(k, dtype=np.int64)
-    width = 1
-    while width < k:
-        for lo in range(0, k, 2 * width):
-            mid = min(lo + width, k)
-            hi = min(lo + 2 * width, k)
-            i = lo
-            j = mid
-            for t in range(lo, hi):
-                if i < mid and (j >= hi or costs[idx[i]] >= costs[idx[j]]):
-                    tmp[t] = idx[i]
-                    i += 1
-                else:
-                    tmp[t] = idx[j]
+def _take_head(order, slen, p, w, sizes, costs, k, chosen):
+    """Take the W costliest of the k pool batches (consecutive runs of
+    order/slen[p:] of the given sizes; ties: the first) as one step: they
+    are moved, in pool order, to the front of order/slen[p:], the other pool
+    samples after them in their order (so slen[p + used:] stays
+    descending). chosen: (W,) receives their sizes. Returns used, the
+    samples they hold."""
+    mark = _zeros(k)
+    low = 0  # the cheapest chosen batch
+    for _ in range(w):  # W passes over at most POOL * W batches: simpler than sorting
+        top = -1
+        for b in range(k):
+            if mark[b] == 0 and (top < 0 or costs[b] > costs[top]):
+                top = b
+        mark[top] = 1
+        low = top
+    # A lone sample left out would set the next step's time (the longest
+    # left) with nothing as costly beside it, while a batch of several long
+    # samples can be re-cut to fit a later step: while the longest sample
+    # left out is alone in its batch, costs nearly as much as the cheapest
+    # chosen batch and too few left-out batches cost nearly as much as it
+    # (to share the next step with it), it replaces the cheapest chosen
+    # batch of several long samples.
+    bar = costs[low]
+    for b in range(k):
+        if mark[b] == 1:
+            continue
+        if sizes[b] != 1 or _SWAP * costs[b] < bar:
+            break
+        peers = 0
+        out = -1
+        for j in range(k):
+            if mark[j] == 0:
+                peers += _SWAP * costs[j] >= costs[b]
+            elif 1 < sizes[j] < LONG and (out < 0 or costs[j] <= costs[out]):
+                out = j
+        if 4 * peers >= w or out < 0:
+            break
+        mark[out] = 0
+        mark[b] = 1
+    span = 0
+    for b in range(k):
+        span += sizes[b]
+    buf = _new(2 * span)
+    at = 0
+    j = 0
+    used = 0
+    for rnd in range(2):  # chosen batches first, then the others
+        start = p
+        for b in range(k):
+            if mark[b] == 1 - rnd:
+                for i in range(start, start + sizes[b]):
+                    buf[at] = order[i]
+                    buf[span + at] = slen[i]
+                    at += 1
+                if rnd == 0:
+                    chosen[j] = sizes[b]
+                    used += sizes[b]
                     j += 1
-        for t in range(k):
-            idx[t] = tmp[t]
-        width *= 2
-    return idx
-
-
-@_helper
-def _write_head(order, p, sizes, costs, k, w, shuffle, rot_key, first_step, out, n_out, counts, step):
-    """Write the k head batches (consecutive runs of order[p:] of the given
-    sizes) as k / W steps, the costliest W batches first: grouping batches
-    of like cost makes every step as short as its batches allow (sorting
-    minimises the sum over steps of the costliest batch). Returns (n_out, step)."""
-    start = np.empty(k, dtype=np.int64)
-    acc = p
-    for i in range(k):
-        start[i] = acc
-        acc += sizes[i]
-    rank_of = _by_cost(costs, k)
-    for g in range(k // w):
-        rot = _below(rot_key, first_step + step, w) if shuffle else 0
-        for j in range(w):
-            counts[step, (j + rot) % w] = sizes[rank_of[g * w + j]]
-        for r in range(w):
-            b = rank_of[g * w + (r - rot) % w]
-            for i in range(sizes[b]):
-                out[n_out + i] = order[start[b] + i]
-            n_out += sizes[b]
-        step += 1
-    return n_out, step
+            start += sizes[b]
+    for i in range(span):
+        order[p + i] = buf[i]
+        slen[p + i] = buf[span + i]
+    return used

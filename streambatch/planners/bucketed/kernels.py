@@ -1,7 +1,7 @@
 """Numba kernels of the bucketed planner: bucket sort with a seeded shuffle
 inside each bucket (``sort.py``), then step-by-step layout of the sorted
 samples (``plan_steps`` here; the candidate layouts in ``layouts.py``, the
-outlier head in ``head.py``).
+head of long samples in ``head.py``).
 
 Arrays and integer scalars in, arrays out; inputs are validated by the plan
 layer (``plan.py``). Costs and randomness: ``common.py``.
@@ -11,33 +11,37 @@ from __future__ import annotations
 
 import numpy as np
 
-from ...core.hashing import _mix
-from .common import _below, batch_cost, njit
-from .head import _grow_rows, _head_batches, _write_head
+from .common import _I64_MAX, _below, _cost, _grow, _mix, _new, _zeros, batch_cost, njit
+from .head import LONG, POOL, _head_pool, _take_head
 from .layouts import (
     _contiguous,
     _deal_rank,
     _deal_size,
     _deal_stats,
     _finish_split,
+    _sparse_cap,
+    _time_rate,
     _waste_rate,
     _write_contiguous,
     _write_deal,
 )
-from .sort import _TAGS, bucket_sort
+from .sort import _TAGS, bucket_sort, table_size
 
-__all__ = ["_TAGS", "_deal_rank", "batch_cost", "bucket_sort", "plan_steps", "step_permutation"]
+__all__ = ["_TAGS", "batch_cost", "bucket_sort", "deal_rank", "head_step", "plan_steps", "sparse_layout",
+           "step_permutation", "table_size"]
 
 _SETTLED = 0.995  # a greedy step this balanced is taken without trying other layouts
+_SPARSE = 0.9  # a descending step less balanced than this spans sparse long samples
 
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
 def plan_steps(order, slen, w, max_tokens, max_size, code, q, max_cost, descending, finish, drop_last, shuffle,
                key, first_step, out):
     """Lay bucket-sorted samples out as global steps of W batches.
 
     order, slen: (n,) sample indices and their lengths in bucket order,
-    ascending or descending. max_tokens, max_size, max_cost >= 1 (int64 max
+    ascending or descending (the head reorders a few of them in place).
+    max_tokens, max_size, max_cost >= 1 (int64 max
     for no cost cap). key: uint64; step s of this call turns its batches by
     a rank offset drawn from (key, first_step + s) when shuffling. out:
     (>= n,) receives samples grouped by step, then rank.
@@ -53,6 +57,14 @@ def plan_steps(order, slen, w, max_tokens, max_size, code, q, max_cost, descendi
       4.   such a deal stopped while the step spans <= 1 + 1/_NARROW in
            length (narrow but under-filled: for sparse lengths and gaps).
     Layouts that run out of data before a limit closes the step do not count.
+    Descending, two more (step time first, budget use second):
+      head: when the longest sample alone costs as much as the cheapest
+           batch of layout 0 (an outlier), and after that while samples
+           stay long, the W costliest of a pool of batches each held to
+           that lone cost (``head.py``);
+      5.   when even the chosen layout leaves ranks idle (balance under
+           _SPARSE) on long samples, the cost limit with the least step
+           time per unit of work (``_sparse_cap``).
 
     With ``finish`` False the call stops, unwritten, at the first step after
     which less than another step would remain: the caller finishes those
@@ -60,20 +72,23 @@ def plan_steps(order, slen, w, max_tokens, max_size, code, q, max_cost, descendi
     one or two final steps (``_finish_split``); with ``drop_last`` instead,
     what cannot complete a step is left out.
 
-    Returns (counts, n_steps, n_out, stop): counts[:n_steps] (int64, W wide) are
-    the batch sizes; order[stop:] was not
-    planned; the final step has empty ranks (for the caller to pad) only when
-    fewer than W samples remained.
+    Returns (counts, n_steps, n_out, stop): counts[:n_steps * W] (int64) are
+    the batch sizes, step-major; order[stop:] was not planned; the final step
+    has empty ranks (for the caller to pad) only when fewer than W samples
+    remained.
     """
     n = slen.shape[0]
-    cost_limited = max_cost < np.iinfo(np.int64).max
-    counts = np.zeros((max(4, n // (w * 16) + 4), w), dtype=np.int64)
-    sizes = np.empty((5, w), dtype=np.int64)
-    maxes = np.empty((5, w), dtype=np.int64)
-    cur = np.empty(w, dtype=np.int64)
-    ends = np.zeros(5, dtype=np.int64)
-    rates = np.empty(5)
-    pcts = (0, 98, 95)
+    cost_limited = max_cost < _I64_MAX
+    counts = _zeros((n // (w * 16) + 4) * w)
+    # Scratch: sizes and longest sample of candidate layout c in
+    # sizes[c * W:(c + 1) * W], maxes[...]; where each candidate ends.
+    work = _new((15 + 2 * POOL) * w + 6)
+    sizes = work[: 7 * w]
+    maxes = work[7 * w : 14 * w]
+    cur = work[14 * w : 15 * w]
+    pool_sizes = work[15 * w : (15 + POOL) * w]
+    pool_costs = work[(15 + POOL) * w : (15 + 2 * POOL) * w]
+    ends = work[(15 + 2 * POOL) * w :]
     # With one rank there is nothing to balance: capped variants and deals
     # reduce to plain contiguous batches.
     n_contig = 3 if w > 1 else 1
@@ -83,9 +98,11 @@ def plan_steps(order, slen, w, max_tokens, max_size, code, q, max_cost, descendi
     p = np.int64(0)
     n_out = np.int64(0)
     step = np.int64(0)
+    in_head = False  # the last step was a head step
+    rest = False  # this step is the second of the two final steps: the rest, dealt
     while p < n:
-        if step + 2 > counts.shape[0]:
-            counts = _grow_rows(counts, step, 2 * counts.shape[0])
+        if (step + 2) * w > counts.shape[0]:
+            counts = _grow(counts, step * w, 2 * counts.shape[0])
         rot = _below(rot_key, first_step + step, w) if shuffle else 0
         left = n - p
         if left < w:
@@ -93,102 +110,183 @@ def plan_steps(order, slen, w, max_tokens, max_size, code, q, max_cost, descendi
                 break
             for j in range(left):  # one sample on each of the first ranks
                 out[n_out + j] = order[p + j]
-                counts[step, j] = 1
+                counts[step * w + j] = 1
             n_out += left
             p = n
             step += 1
             break
-        for c in range(rates.shape[0]):
-            rates[c] = np.inf
-        cheapest = np.iinfo(np.int64).max
-        settled = False
-        for c in range(n_contig):
-            limit = max_cost
-            if c > 0:  # hold every batch to 1/0.98 or 1/0.95 of the cheapest greedy one
-                if settled or cheapest == 0 or cheapest == np.iinfo(np.int64).max:
-                    break
-                limit = min(max_cost, cheapest + cheapest // pcts[c] * (100 - pcts[c]))
-            end, complete, real = _contiguous(slen, p, w, max_tokens, max_size, code, q, limit, sizes[c], maxes[c])
-            ends[c] = end
-            if complete:
-                rates[c], balance = _waste_rate(sizes[c], maxes[c], real, w, max_tokens, max_size, code, q,
-                                                max_cost, cost_limited)
-                if c == 0:
-                    # Balanced already: nothing else can do much better; skip the rest.
-                    settled = balance >= _SETTLED
-                    for r in range(w):
-                        cheapest = min(cheapest, batch_cost(code, q, sizes[0, r], maxes[0, r]))
-        if descending and w > 1 and rates[0] < np.inf:
-            # An outlier at the head of the step: the longest sample alone
-            # costs as much as the cheapest full batch, so it sets the step's
-            # time whatever the layout. Hold every batch to that lone cost:
-            # nothing costs more than the step must, and the step still
-            # takes the longest samples that fit under it.
-            lone = batch_cost(code, q, 1, np.int64(slen[p]))
+        # The layout to write: best (slot of sizes/maxes; 3 and 4 are deals
+        # of slen[p:ends[best]]), the one wasting the least (the first of
+        # equals), and its rate: inf when no layout completes a step.
+        best = 3
+        ends[3] = n
+        best_rate = 0.0
+        if not rest:
+            best = 0
+            best_rate = np.inf
+            best_balance = 1.0
+            cheapest = _I64_MAX
+            settled = False
+            for c in range(n_contig):
+                limit = max_cost
+                if c > 0:  # hold every batch to 1/0.98 or 1/0.95 of the cheapest greedy one
+                    if settled or cheapest == 0 or cheapest == _I64_MAX:
+                        break
+                    pct = 98 if c == 1 else 95
+                    held = cheapest + cheapest // pct * (100 - pct)
+                    limit = held if held < max_cost else max_cost
+                sz = sizes[c * w : (c + 1) * w]
+                mx = maxes[c * w : (c + 1) * w]
+                end, complete, real = _contiguous(slen, p, w, max_tokens, max_size, code, q, limit, sz, mx)
+                ends[c] = end
+                if complete:
+                    rate, balance = _waste_rate(sz, mx, real, w, max_tokens, max_size, code, q, max_cost,
+                                                cost_limited)
+                    if rate < best_rate:
+                        best_rate = rate
+                        best_balance = balance
+                        best = c
+                    if c == 0:
+                        # Balanced already: nothing else can do much better; skip the rest.
+                        settled = balance >= _SETTLED
+                        for r in range(w):
+                            cr = _cost(code, q, sizes[r], maxes[r])
+                            cheapest = cr if cr < cheapest else cheapest
+            lone = np.int64(0)
             top = np.int64(0)
-            for r in range(w):
-                top = max(top, batch_cost(code, q, sizes[0, r], maxes[0, r]))
-            if cheapest <= lone < top:
-                hsize, hcost, k, stop = _head_batches(slen, p, w, max_tokens, max_size, code, q,
-                                                      min(max_cost, lone))
-                if k > 0:
-                    if step + k // w + 2 > counts.shape[0]:
-                        counts = _grow_rows(counts, step, step + k // w + 2)
-                    n_out, step = _write_head(order, p, hsize, hcost, k, w, shuffle, rot_key, first_step, out,
-                                              n_out, counts, step)
-                    p = stop
-                    continue
-        b = 0
-        if not settled:
-            b, b_narrow, complete = _deal_size(slen, p, w, max_tokens, max_size, code, q, max_cost)
-        if w > 1 and not settled:
-            for c, bc in ((3, b), (4, b_narrow)):
-                if bc > 0 and (complete or bc < b):
-                    ends[c] = p + w * bc
-                    real = _deal_stats(slen, p, ends[c], w, sizes[c], maxes[c])
-                    rates[c] = _waste_rate(sizes[c], maxes[c], real, w, max_tokens, max_size, code, q, max_cost,
-                                           cost_limited)[0]
-        best = np.argmin(rates)
-        # How far a full step reaches (to the end of the data when a full
-        # layout ran out first): once less than that would remain after this
-        # step, the rest is finished as a whole.
-        reach = ends[0] if b == 0 else max(ends[0], p + w * b if complete else n)
-        near_end = rates[best] == np.inf or n - ends[best] < reach - p
-        if near_end and not finish:
-            break  # leave the end to the caller
-        if near_end and not drop_last:
-            h = _finish_split(slen, p, w, max_tokens, max_size, code, q, max_cost, cost_limited,
-                              sizes[0], maxes[0])
-            if h > 0:
-                n_out = _write_deal(order, p, p + h, w, rot, out, n_out, counts[step], cur)
-                step += 1
-                if h < left:
-                    rot = _below(rot_key, first_step + step, w) if shuffle else 0
-                    n_out = _write_deal(order, p + h, n, w, rot, out, n_out, counts[step], cur)
-                    step += 1
-                p = n
-                break
-        if rates[best] == np.inf:
-            if drop_last:
-                break
-            best = 3  # nothing completes a step nor fits in two: deal what fits, then go on
-            ends[3] = p + w * b
-        if best >= 3:
-            n_out = _write_deal(order, p, ends[best], w, rot, out, n_out, counts[step], cur)
+            head = False
+            if descending and w > 1 and best_rate < np.inf:  # layout 0 completed
+                lone = _cost(code, q, np.int64(1), np.int64(slen[p]))
+                for r in range(w):
+                    cr = _cost(code, q, sizes[r], maxes[r])
+                    top = cr if cr > top else top
+                # The head (``head.py``): an outlier (the longest sample alone
+                # costs as much as the cheapest full batch: it sets the step's
+                # time whatever the layout), or, after a head step, long
+                # samples (fewer than LONG fit the budget) while they last.
+                outlier = cheapest <= lone < top
+                if outlier or (in_head and max_tokens < LONG * np.int64(slen[p])):
+                    k = _head_pool(slen, p, w, max_tokens, max_size, code, q, lone if lone < max_cost else max_cost,
+                                   not outlier, pool_sizes, pool_costs)
+                    if k > 0:
+                        _take_head(order, slen, p, w, pool_sizes, pool_costs, k, sizes[:w])
+                        best = 0
+                        head = True
+            in_head = head
+            if not head:
+                b = np.int64(0)
+                if not settled:
+                    b, b_narrow, complete = _deal_size(slen, p, w, max_tokens, max_size, code, q, max_cost)
+                if w > 1 and not settled:
+                    for c in range(3, 5):
+                        bc = b if c == 3 else b_narrow
+                        if bc > 0 and (complete or bc < b):
+                            ends[c] = p + w * bc
+                            sz = sizes[c * w : (c + 1) * w]
+                            mx = maxes[c * w : (c + 1) * w]
+                            real = _deal_stats(slen, p, ends[c], w, sz, mx)
+                            rate, balance = _waste_rate(sz, mx, real, w, max_tokens, max_size, code, q, max_cost,
+                                                        cost_limited)
+                            if rate < best_rate:
+                                best_rate = rate
+                                best_balance = balance
+                                best = c
+                if top > 0 and best_balance < _SPARSE and max_tokens < LONG * np.int64(slen[p]):
+                    # Sparse long samples (descending): even the best layout
+                    # leaves ranks idle. Judge cost limits by step time per
+                    # unit of work alone, not budget use (slot 5), if a full
+                    # step would remain after it (a smaller step here would
+                    # leave more to the final steps, dealt over wider lengths).
+                    sz = sizes[best * w : (best + 1) * w]
+                    mx = maxes[best * w : (best + 1) * w]
+                    end = _sparse_cap(slen, p, w, max_tokens, max_size, code, q, top if top < max_cost else max_cost,
+                                      lone, _time_rate(slen, p, ends[best], sz, mx, w, code, q), sizes[5 * w :],
+                                      maxes[5 * w :])
+                    if end >= 0 and n - end >= ends[0] - p:
+                        best = 5
+                        ends[5] = end
+                # How far a full step reaches (to the end of the data when a
+                # full layout ran out first): once less than that would remain
+                # after this step, the rest is finished as a whole.
+                reach = ends[0]
+                if b > 0:
+                    deal_end = p + w * b if complete else n
+                    reach = deal_end if deal_end > reach else reach
+                near_end = best_rate == np.inf or n - ends[best] < reach - p
+                if near_end and not finish:
+                    break  # leave the end to the caller
+                h = np.int64(-1)
+                if near_end and not drop_last:
+                    h = _finish_split(slen, p, w, max_tokens, max_size, code, q, max_cost, cost_limited,
+                                      sizes[:w], maxes[:w])
+                if h > 0:  # one or two final steps, dealt
+                    best = 3
+                    ends[3] = p + h
+                    rest = h < left
+                elif best_rate == np.inf:
+                    if drop_last:
+                        break
+                    best = 3  # nothing completes a step nor fits in two: deal what fits, then go on
+                    ends[3] = p + w * b
+        row = counts[step * w : (step + 1) * w]
+        if best == 3 or best == 4:
+            n_out = _write_deal(order, p, ends[best], w, rot, out, n_out, row, cur)
             p = ends[best]
         else:
-            n_out, p = _write_contiguous(order, p, sizes[best], w, rot, out, n_out, counts[step], cur)
+            n_out, p = _write_contiguous(order, p, sizes[best * w : (best + 1) * w], w, rot, out, n_out, row, cur)
         step += 1
     return counts, step, n_out, p
 
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
 def step_permutation(n_steps, key):
     """(n_steps,) int64 Fisher-Yates permutation drawn from ``key``."""
-    perm = np.arange(n_steps)
+    perm = _new(n_steps)
+    for i in range(n_steps):
+        perm[i] = i
     for i in range(n_steps - 1, 0, -1):
         j = _below(key, i, i + 1)
         t = perm[i]
         perm[i] = perm[j]
         perm[j] = t
     return perm
+
+
+@njit(cache=True, error_model="numpy")
+def deal_rank(t, m, w):
+    """``_deal_rank`` callable from Python (tests)."""
+    return _deal_rank(np.int64(t), np.int64(m), np.int64(w))
+
+
+# Python-callable wrappers of helpers, for the tests' naive twins (compiled
+# only when called).
+
+
+@njit(cache=True, error_model="numpy")
+def head_step(order, slen, p, w, max_tokens, max_size, code, q, cap, long_only):
+    """One head step from order/slen[p:] (``_head_pool``, ``_take_head``):
+    ((W,) int64 sizes of the chosen batches, samples they hold), 0 samples
+    when the pool is empty. order and slen are reordered in place."""
+    sizes = _new(POOL * w)
+    costs = _new(POOL * w)
+    chosen = _zeros(w)
+    k = _head_pool(slen, p, w, max_tokens, max_size, code, q, cap, long_only, sizes, costs)
+    used = np.int64(0)
+    if k > 0:
+        used = _take_head(order, slen, p, w, sizes, costs, k, chosen)
+    return chosen, used
+
+
+@njit(cache=True, error_model="numpy")
+def sparse_layout(slen, p, w, max_tokens, max_size, code, q, top, lone, rate):
+    """``_sparse_cap``: (end or -1, (W,) sizes, (W,) longest) of the chosen layout."""
+    sizes = _zeros(2 * w)
+    maxes = _zeros(2 * w)
+    end = _sparse_cap(slen, p, w, max_tokens, max_size, code, q, top, lone, rate, sizes, maxes)
+    return end, sizes[:w], maxes[:w]
+
+
+@njit(cache=True, error_model="numpy")
+def time_rate(slen, p, end, sizes, maxes, w, code, q):
+    """``_time_rate``."""
+    return _time_rate(slen, p, end, sizes, maxes, w, code, q)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .common import _helper, batch_cost, njit
+from .common import _I64_MAX, _cost, _helper, _new
 
 # Weights of the waste terms when choosing a step's layout (``_waste_rate``),
 # roughly inverse to the slack the targets leave each: balance 0.98, padding
@@ -30,15 +30,15 @@ def _contiguous(slen, p, w, max_tokens, max_size, code, q, limit, sizes, maxes):
     for r in range(w):
         if pos >= n:
             return pos, False, real
-        cnt = 1
-        mx = slen[pos]
+        cnt = np.int64(1)
+        mx = np.int64(slen[pos])
         real += mx
         pos += 1
         closed = False
         while pos < n:
-            ln = slen[pos]
-            nm = max(mx, ln)
-            if cnt + 1 > max_size or (cnt + 1) * nm > max_tokens or batch_cost(code, q, cnt + 1, nm) > limit:
+            ln = np.int64(slen[pos])
+            nm = ln if ln > mx else mx
+            if cnt + 1 > max_size or (cnt + 1) * nm > max_tokens or _cost(code, q, cnt + 1, nm) > limit:
                 closed = True
                 break
             cnt += 1
@@ -53,6 +53,55 @@ def _contiguous(slen, p, w, max_tokens, max_size, code, q, limit, sizes, maxes):
 
 
 @_helper
+def _time_rate(slen, p, end, sizes, maxes, w, code, q):
+    """Rank time per unit of work of W batches of slen[p:end]: W x the
+    costliest batch over what its samples cost alone (no padding, perfect
+    balance), so 1 is ideal. inf when the samples cost nothing."""
+    top = np.int64(0)
+    for r in range(w):
+        c = _cost(code, q, sizes[r], maxes[r])
+        top = c if c > top else top
+    work = 0.0
+    for i in range(p, end):
+        work += _cost(code, q, np.int64(1), np.int64(slen[i]))
+    return w * float(top) / work if work > 0.0 else np.inf
+
+
+@_helper
+def _sparse_cap(slen, p, w, max_tokens, max_size, code, q, top, lone, rate, sizes, maxes):
+    """Where long samples are sparse (slen descending), a step of contiguous
+    batches spans a wide range of lengths and its first batches cost far
+    more than its last. Try holding every batch to a cost limit, from top
+    (the costliest batch without one) down by 5 % at a time until it is
+    below the longest sample alone (``lone``) or the data runs out, and
+    keep the limit with the least ``_time_rate`` if below ``rate`` (the
+    layout chosen so far's).
+
+    sizes, maxes: (2W,) scratch; the chosen layout is left in [:W]. Returns
+    its end, or -1 when no limit does better.
+    """
+    best_end = np.int64(-1)
+    limit = top
+    while True:
+        limit = limit - limit // 20 - 1
+        if limit < lone:
+            break
+        sz = sizes[w:]
+        mx = maxes[w:]
+        end, complete, real = _contiguous(slen, p, w, max_tokens, max_size, code, q, limit, sz, mx)
+        if not complete:
+            break
+        r = _time_rate(slen, p, end, sz, mx, w, code, q)
+        if r < rate:
+            rate = r
+            best_end = end
+            for j in range(w):
+                sizes[j] = sz[j]
+                maxes[j] = mx[j]
+    return best_end
+
+
+@_helper
 def _deal_size(slen, p, w, max_tokens, max_size, code, q, max_cost):
     """How many samples per rank a deal of the samples from ``p`` can take.
 
@@ -64,12 +113,13 @@ def _deal_size(slen, p, w, max_tokens, max_size, code, q, max_cost):
     bounded b. Needs p + W <= n. Works in either direction of slen.
     """
     n = slen.shape[0]
-    mx = 0
-    mn = np.iinfo(np.int64).max
+    mx = np.int64(0)
+    mn = _I64_MAX
     for j in range(p, p + w):
-        mx = max(mx, slen[j])
-        mn = min(mn, slen[j])
-    b = 1
+        ln = np.int64(slen[j])
+        mx = ln if ln > mx else mx
+        mn = ln if ln < mn else mn
+    b = np.int64(1)
     b_narrow = 1 if mx * _NARROW <= mn * (_NARROW + 1) else 0
     complete = True
     while True:
@@ -81,9 +131,10 @@ def _deal_size(slen, p, w, max_tokens, max_size, code, q, max_cost):
             break
         nm = mx
         for j in range(p + w * b, p + w * nb):
-            nm = max(nm, slen[j])
-            mn = min(mn, slen[j])
-        if nb * nm > max_tokens or batch_cost(code, q, nb, nm) > max_cost:
+            ln = np.int64(slen[j])
+            nm = ln if ln > nm else nm
+            mn = ln if ln < mn else mn
+        if nb * nm > max_tokens or _cost(code, q, nb, nm) > max_cost:
             break
         b = nb
         mx = nm
@@ -92,7 +143,7 @@ def _deal_size(slen, p, w, max_tokens, max_size, code, q, max_cost):
     return b, b_narrow, complete
 
 
-@njit(cache=True)
+@_helper
 def _deal_rank(t, m, w):
     """Layout slot of the t-th longest of m dealt samples: rounds of W in
     slot order, except that a final partial round goes to the last slots,
@@ -114,10 +165,11 @@ def _deal_stats(slen, lo, hi, w, sizes, maxes):
         maxes[r] = 0
     for t in range(m):
         r = _deal_rank(t, m, w)
-        ln = slen[hi - 1 - t]
+        ln = np.int64(slen[hi - 1 - t])
         real += ln
         sizes[r] += 1
-        maxes[r] = max(maxes[r], ln)
+        if ln > maxes[r]:
+            maxes[r] = ln
     return real
 
 
@@ -132,24 +184,26 @@ def _waste_rate(sizes, maxes, real, w, max_tokens, max_size, code, q, max_cost, 
     unused = 0.0
     for r in range(w):
         tok = float(sizes[r] * maxes[r])
-        c = float(batch_cost(code, q, sizes[r], maxes[r]))
+        c = float(_cost(code, q, sizes[r], maxes[r]))
         padded += tok
         csum += c
-        cmax = max(cmax, c)
-        fill = max(tok / max_tokens, sizes[r] / max_size)
-        if cost_limited:
-            fill = max(fill, c / max_cost)
+        cmax = c if c > cmax else cmax
+        fill = tok / max_tokens
+        by_size = sizes[r] / max_size
+        fill = by_size if by_size > fill else fill
+        if cost_limited and c / max_cost > fill:
+            fill = c / max_cost
         if 0.0 < fill < 1.0:
             unused += tok * (1.0 / fill - 1.0)
     balance = csum / (w * cmax) if cmax > 0.0 else 1.0
     waste = _W_BALANCE * padded * (1.0 - balance) + _W_PADDING * (padded - real) + _W_FILL * unused
-    return waste / max(float(real), 1.0), balance
+    return waste / (float(real) if real > 1 else 1.0), balance
 
 
 @_helper
 def _fits(count, max_len, max_tokens, max_size, code, q, max_cost):
     return count <= 1 or (count <= max_size and count * max_len <= max_tokens
-                          and batch_cost(code, q, count, max_len) <= max_cost)
+                          and _cost(code, q, count, max_len) <= max_cost)
 
 
 @_helper
@@ -171,17 +225,20 @@ def _finish_split(slen, p, w, max_tokens, max_size, code, q, max_cost, cost_limi
     every rank's longest taken as its step's longest."""
     n = slen.shape[0]
     m = n - p
-    pre = np.empty(m + 1, dtype=np.int64)  # longest and total of the first i samples
-    tot = np.empty(m + 1, dtype=np.int64)
+    work = _new(3 * (m + 1))
+    pre = work[: m + 1]  # longest and total of the first i samples
+    tot = work[m + 1 : 2 * (m + 1)]
+    suf = work[2 * (m + 1) :]  # longest of slen[p+i:]
     pre[0] = 0
     tot[0] = 0
     for i in range(m):
-        pre[i + 1] = max(pre[i], slen[p + i])
-        tot[i + 1] = tot[i] + slen[p + i]
-    suf = np.empty(m + 1, dtype=np.int64)  # longest of slen[p+i:]
+        ln = np.int64(slen[p + i])
+        pre[i + 1] = ln if ln > pre[i] else pre[i]
+        tot[i + 1] = tot[i] + ln
     suf[m] = 0
     for i in range(m - 1, -1, -1):
-        suf[i] = max(suf[i + 1], slen[p + i])
+        ln = np.int64(slen[p + i])
+        suf[i] = ln if ln > suf[i + 1] else suf[i + 1]
     best = -1
     best_rate = np.inf
     h = m

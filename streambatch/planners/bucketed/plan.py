@@ -42,30 +42,50 @@ from typing import Any
 import numpy as np
 
 from ...core.cost import INT64_MAX, CostModel, resolve_cost
-from ...core.hashing import _mix, hash_array
 from ...core.plan import Plan, assemble, finish_last_step
 from ..base import Option, Planner
 from ..greedy.mt19937 import seed_key
 from ..greedy.plan import index_dtype
-from .kernels import bucket_sort, plan_steps, step_permutation
+from .kernels import bucket_sort, plan_steps, step_permutation, table_size
 
 DEFAULT_BUCKET_WIDTH = 0.02
 MIN_BUCKET_WIDTH = 0.001  # keeps the bucket count (~ ln(max_len) / width) in the tens of thousands
-_SALT = np.uint64(0x6275636B65746564)  # "bucketed"
+_SALT = 0x6275636B65746564  # "bucketed"
+_M64 = (1 << 64) - 1
+
+
+def _mix(h: int, v: int, signed: bool = False) -> int:
+    """``core.hashing._mix`` in Python ints (h, v, result in [0, 2**64)), so
+    keys cost no compiled code. ``signed``: the shifts of Numba's int64
+    typing, which ``hash_array`` uses (tests check both against Numba)."""
+    def shr(z: int, k: int) -> int:
+        return ((z - (1 << 64) if signed and z >> 63 else z) >> k) & _M64
+
+    z = ((h ^ v) + 0x9E3779B97F4A7C15) & _M64
+    z = ((z ^ shr(z, 30)) * 0xBF58476D1CE4E5B9) & _M64
+    z = ((z ^ shr(z, 27)) * 0x94D049BB133111EB) & _M64
+    return z ^ shr(z, 31)
+
+
+def _hash_words(words: np.ndarray, h: int) -> int:
+    """``core.hashing.hash_array(words.astype(np.int64), h)``, bit for bit."""
+    h = _mix(h, words.size, True)
+    for v in words.tolist():
+        h = _mix(h, int(v) & _M64, True)
+    return h
 
 
 def plan_key(seed: int, epoch: int) -> np.uint64:
     """The 64-bit key all of an epoch's randomness is drawn from."""
-    # Numba returns uint64 as a Python int, which it would type back as int64
-    # or uint64 by value: np.uint64 keeps one compiled signature per kernel.
-    h = np.uint64(hash_array(seed_key(seed).astype(np.int64), _SALT))
-    h = np.uint64(_mix(h, np.uint64(seed < 0)))
-    return np.uint64(hash_array(seed_key(epoch).astype(np.int64), h))
+    # np.uint64, not a Python int (which Numba types as int64 or uint64 by
+    # value): one compiled signature per kernel.
+    h = _mix(_hash_words(seed_key(seed), _SALT), int(seed < 0))
+    return np.uint64(_hash_words(seed_key(epoch), h))
 
 
 def subkey(key: np.uint64, i: int) -> np.uint64:
     """The i-th independent 64-bit key drawn from ``key``."""
-    return np.uint64(_mix(key, np.uint64(i)))
+    return np.uint64(_mix(int(key), i))
 
 
 def bucket_edges(max_len: int, width: float, phase: float) -> np.ndarray:
@@ -160,25 +180,26 @@ def plan_bucketed(lengths: np.ndarray, max_batch_tokens: int, max_batch_size: in
     order = np.empty(n, dtype=dtype)
     slen = np.empty(n, dtype=len_dtype)
     out = np.empty(n + w, dtype=dtype)
-    scratch = np.empty(n if shuffle else 0, dtype=len_dtype)
-    m = bucket_sort(lengths, lmax, edges, subkey(key, 2), shuffle, tokens, cap, order, slen, out, scratch)
-    del scratch
+    scratch = np.empty(n, dtype=len_dtype)
+    table = np.empty(table_size(lmax, n), dtype=np.int32)
+    m = bucket_sort(lengths, edges, table, subkey(key, 2), shuffle, tokens, cap, order, slen, out[:n], scratch)
+    del scratch, table
     # Lay steps out from the short end up and from the long end down; the
     # tails of both (under two steps each) meet where lengths are densest
     # and are finished there together, so no runt step lands in a sparse tail.
     args = (w, tokens, cap, cost.code, cost.q, max_cost)
     step_key = subkey(key, 3)
     low, k, n_low, stop_low = plan_steps(order[:m], slen[:m], *args, False, False, False, shuffle, step_key, 0, out)
-    low = low[:k]
+    low = low[: k * w].reshape(k, w)
     high, k, n_high, stop_high = plan_steps(order[m:], slen[m:], *args, True, False, False, shuffle, step_key,
                                             low.shape[0], out[n_low:])
-    high = high[:k]
+    high = high[: k * w].reshape(k, w)
     rest_order = np.concatenate([order[stop_low:m], order[m + stop_high :][::-1]])
     rest_len = np.concatenate([slen[stop_low:m], slen[m + stop_high :][::-1]])
     del order, slen
     end, k, n_end, stop = plan_steps(rest_order, rest_len, *args, False, True, drop_last, shuffle, step_key,
                                      low.shape[0] + high.shape[0], out[n_low + n_high :])
-    end = end[:k]
+    end = end[: k * w].reshape(k, w)
     leftover = rest_order[stop:].copy()
     counts = np.concatenate([low, high, end])
     n_out = n_low + n_high + n_end
