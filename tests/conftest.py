@@ -5,10 +5,49 @@ test with the full hypothesis budgets (what ``.ci/run`` does). An explicit
 
 from __future__ import annotations
 
+import hashlib
 import os
+import shutil
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # helpers, shards, roundtrip
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)  # helpers, shards, roundtrip
+
+
+def _kernel_cache_dir(root: str) -> str:
+    """A Numba cache folder keyed on the content of every kernel module.
+
+    Numba's cache checks only the source file of the cached function, not the
+    helpers it inlined from other modules: after an edit to, say,
+    ``planners/bucketed/layouts.py`` the cached ``plan_steps`` of
+    ``kernels.py`` would still run the old helper, and the tests would pass
+    on code that is no longer there. Keyed on all kernel sources, an edit
+    anywhere recompiles and an unchanged tree stays warm. Older keys are
+    removed.
+    """
+    digest = hashlib.sha256()
+    package = os.path.join(root, "streambatch")
+    for folder, dirs, files in sorted(os.walk(package)):
+        dirs.sort()
+        for name in sorted(files):
+            if name.endswith(".py"):
+                with open(os.path.join(folder, name), "rb") as f:
+                    text = f.read()
+                if b"njit" in text:
+                    digest.update(name.encode() + b"\0" + text)
+    parent = os.path.join(root, ".pytest_cache", "numba")
+    key = digest.hexdigest()[:16]
+    if os.path.isdir(parent):
+        for old in os.listdir(parent):
+            if old != key:
+                shutil.rmtree(os.path.join(parent, old), ignore_errors=True)
+    return os.path.join(parent, key)
+
+
+# Before anything imports numba (subprocesses the tests start inherit it); a
+# NUMBA_CACHE_DIR the developer set wins.
+if "NUMBA_CACHE_DIR" not in os.environ:
+    os.environ["NUMBA_CACHE_DIR"] = _kernel_cache_dir(os.path.dirname(HERE))
 
 
 def pytest_addoption(parser):
