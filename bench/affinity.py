@@ -47,6 +47,7 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from streambatch.streaming.affinity import pooled_mask  # noqa: E402
 from streambatch.streaming.window import WindowConfig, iter_windows  # noqa: E402
 
 from distributions import DISTRIBUTIONS, FRAME_RATE, make_lengths  # noqa: E402
@@ -91,7 +92,7 @@ def run(lengths: np.ndarray, counts: np.ndarray, w: int, mode: str, window: int,
     balance, use = [], []
     seen = np.zeros(lengths.shape[0], dtype=np.int64)
     rank_bytes = np.zeros(w)
-    requests = steps = carry = carry_bytes = 0
+    requests = steps = carry = carry_bytes = from_pool = from_tail = 0
     for win in iter_windows(counts, lambda s: lengths[edges[s] : edges[s + 1]], config, epoch):
         gid = edges[win.shard_ids] + win.local
         plan = win.plan
@@ -121,13 +122,20 @@ def run(lengths: np.ndarray, counts: np.ndarray, w: int, mode: str, window: int,
             for r, s, lo, hi in win.reads.tolist():
                 rank_bytes[r] += sample_bytes[edges[s] + lo : edges[s] + hi].sum()
             requests += win.reads.shape[0]
+            # one-sample reads of samples held by another rank: pooled outliers or the final tail
+            foreign = np.unique(np.stack([rank[away], plan.samples[away]], axis=1), axis=0)[:, 1]
+            outlier = pooled_mask(lengths[gid], BUDGET, w)[foreign]
+            from_pool += int(outlier.sum())
+            from_tail += int((~outlier).sum())
     once = seen[seen > 0].size == lengths.shape[0] and (seen > 1).sum() < w
     if not once:
         raise AssertionError(f"not exactly once: {int((seen == 0).sum())} missing, {int((seen > 1).sum())} repeated")
     out = {"padding": real / padded, "balance": float(np.mean(balance)), "budget": float(np.mean(use)),
            "steps": steps}
     if mode == "shard":
-        out.update(share=float(rank_bytes.max() / (sample_bytes.sum() / w)), requests=requests / counts.shape[0],
+        ns = counts.shape[0]
+        out.update(share=float(rank_bytes.max() / (sample_bytes.sum() / w)), requests=requests / ns,
+                   pieces=(requests - from_pool - from_tail) / ns, pool=from_pool / ns, tail=from_tail / ns,
                    carry=carry, carry_mb=carry_bytes / 2**20)
     return out
 
@@ -156,13 +164,14 @@ def quality(data: dict[str, np.ndarray], counts: np.ndarray, worlds, per_rank: i
 def io_table(data: dict[str, np.ndarray], counts: np.ndarray, worlds, per_rank: int) -> None:
     print(f"\n### Shard mode I/O per epoch (simulated), {counts.shape[0]} shards of {SHARD_MIN}-{SHARD_MAX} "
           "samples\n")
-    print("| corpus | W | bytes of the busiest rank x W / total | ranged GETs per shard | max carried samples "
-          "(MB) per rank |")
-    print("|---|---:|---:|---:|---|")
+    print("| corpus | W | bytes of the busiest rank x W / total | ranged GETs per shard (pieces + outliers "
+          "+ final tail) | max carried samples (MB) per rank |")
+    print("|---|---:|---:|---|---|")
     for name, lengths in data.items():
         for w in worlds:
             r = run(lengths, counts, w, "shard", per_rank * w, 0)
-            print(f"| {name} | {w} | {r['share']:.3f} | {r['requests']:.2f} | {r['carry']:.0f} "
+            print(f"| {name} | {w} | {r['share']:.3f} | **{r['requests']:.2f}** ({r['pieces']:.2f} + {r['pool']:.2f} "
+                  f"+ {r['tail']:.2f}) | {r['carry']:.0f} "
                   f"({r['carry_mb']:.1f}) |", flush=True)
 
 

@@ -29,8 +29,11 @@ worker computes every rank's share without talking):
 4. **Outliers are pooled.** Samples longer than a fifth of the token budget
    (a batch at their length holds <= 4) cannot be balanced by the rank that
    happens to hold them; up to 4 * W of them per window are planned across
-   ranks with the bucketed planner, each batch given to the rank holding
-   most of it (``to_holders``). A pooled sample trained by another rank is
+   ranks with the bucketed planner, then matched to holders
+   (``affinity_holders``: each batch to the rank holding most of it, then
+   swaps of samples between batches that keep every batch's size and
+   longest length, then swaps that keep each step's costliest batch and
+   cost it <= 0.03 balance). A pooled sample trained by another rank is
    one ranged read; the holder streamed its bytes too (its piece is one read).
 5. **What is left** when the first rank runs out (a few samples per rank)
    stays with its holder: carried into the next window and counted to that
@@ -38,7 +41,10 @@ worker computes every rank's share without talking):
    batch per rank), so nothing is read twice. In the epoch's final window
    that tail is planned across ranks like the outliers (``drop_last`` as
    the user set it; padding by the planners' rule), instead of leaving
-   ranks idle.
+   ranks idle. To keep it small (each tail sample a rank does not hold is
+   a ranged read), the final window is cut up to RECUTS more times, each
+   time giving every rank half its tail's weight less (more, if below the
+   mean) and keeping the cut with the fewest tail samples.
 6. Step order inside the window is shuffled from (seed, epoch, window).
 
 A rank's batches mix all of its window share, so it needs its whole share
@@ -57,6 +63,7 @@ import numpy as np
 from ..core.plan import Plan, assemble
 from ..planners import make_plan
 from ..planners.bucketed.plan import check_options
+from .affinity_holders import relax_to_holders, swap_to_holders, to_holders
 from .affinity_kernels import affine_steps
 
 _U64 = 1 << 64
@@ -65,6 +72,13 @@ _U64 = 1 << 64
 # (each costs one ranged read unless its holder gets it).
 POOL_BATCH = 4
 POOL_CAP = 4
+# Final window: cut again up to RECUTS times, moving half of each rank's share of
+# the walk's tail to the ranks that ran out (the whole of it oscillates), and keep
+# the cut with the smallest tail: tail samples are planned across ranks, each a
+# ranged read for the rank that trains it (bench/affinity.py).
+RECUTS = 12
+# A swap moving a pooled sample to its holder may cost its step this much balance.
+RELAX_TOL = 0.03
 
 
 @dataclass(frozen=True)
@@ -172,22 +186,30 @@ def plan_affine_window(carry_len: np.ndarray, carry_holder: np.ndarray, new_len:
     weights[pooled] = 1
     carry_w = np.zeros(w, dtype=np.int64)
     np.add.at(carry_w, carry_holder, weights[:c])
-    cuts = cut_points(weights[c:], water_levels(carry_w, int(weights[c:].sum())))
-    holder = np.concatenate([carry_holder.astype(np.int64), np.repeat(np.arange(w, dtype=np.int64), np.diff(cuts))])
-
+    shares = water_levels(carry_w, int(weights[c:].sum()))
     rng = np.random.Generator(np.random.PCG64(np.random.SeedSequence([seed % _U64, 0xAFF])))
     tags = rng.integers(0, 1 << 62, size=n) if shuffle else np.arange(n)
-    walker = np.where(pooled, w, holder)  # pooled samples sort after every rank's segment
-    order = np.lexsort((tags, lengths, walker)).astype(np.int64)
-    starts = np.searchsorted(walker[order], np.arange(w + 1)).astype(np.int64)
+    best = None
+    for _ in range(RECUTS + 1 if final else 1):
+        cuts = cut_points(weights[c:], shares)
+        holder = np.concatenate([carry_holder.astype(np.int64), np.repeat(np.arange(w, dtype=np.int64), np.diff(cuts))])
+        walker = np.where(pooled, w, holder)  # pooled samples sort after every rank's segment
+        order = np.lexsort((tags, lengths, walker)).astype(np.int64)
+        starts = np.searchsorted(walker[order], np.arange(w + 1)).astype(np.int64)
+        counts, k, pos = affine_steps(lengths[order], starts, tokens, cap, cost.code, cost.q, max_cost)
+        rest = order[np.concatenate([np.arange(pos[r], starts[r + 1]) for r in range(w)]).astype(np.int64)]
+        if best is None or rest.size < best[-1].size:
+            best = (cuts, holder, order, starts, counts[:k], rest)
+        if rest.size == 0:
+            break
+        left = np.bincount(holder[rest], weights=weights[rest], minlength=w)
+        shares = np.maximum(shares - ((left - left.mean()) / 2).astype(np.int64), 0)
+    cuts, holder, order, starts, counts, rest = best
     pool = order[starts[w]:]
-    counts, k, pos = affine_steps(lengths[order], starts, tokens, cap, cost.code, cost.q, max_cost)
-    counts = counts[:k]
     # rank r's batches are consecutive slices of its segment of ``order``
     begin = starts[:w] + np.cumsum(counts, axis=0) - counts
     flat = counts.ravel()
     samples = order[np.repeat(begin.ravel() - (np.cumsum(flat) - flat), flat) + np.arange(int(flat.sum()))]
-    rest = order[np.concatenate([np.arange(pos[r], starts[r + 1]) for r in range(w)]).astype(np.int64)]
     padded = 0
     if final:
         pool = np.concatenate([pool, rest])
@@ -201,6 +223,8 @@ def plan_affine_window(carry_len: np.ndarray, carry_holder: np.ndarray, new_len:
                           drop_last=drop_last or not final, seed=int(rng.integers(0, 1 << 62)), planner="bucketed",
                           **options)
         x_samples, x_counts = to_holders(pool[extra.samples], np.diff(extra.offsets).reshape(-1, w), holder)
+        x_samples = swap_to_holders(x_samples, x_counts, holder, lengths)
+        x_samples = relax_to_holders(x_samples, x_counts, holder, lengths, cost, max_batch_tokens, max_cost, RELAX_TOL)
         samples = np.concatenate([samples, x_samples])
         counts = np.concatenate([counts, x_counts])
         padded = extra.num_padded
@@ -209,38 +233,6 @@ def plan_affine_window(carry_len: np.ndarray, carry_holder: np.ndarray, new_len:
     step_order = rng.permutation(steps).astype(np.int64) if shuffle else np.arange(steps, dtype=np.int64)
     plan = assemble(samples, counts, step_order, w, padded, rest)
     return AffineWindow(plan, holder, cuts, rest)
-
-
-def to_holders(samples: np.ndarray, counts: np.ndarray, holder: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Give each batch of a step to the rank holding most of its samples.
-
-    samples: window indices grouped by (step, rank); counts: (k, W) batch
-    sizes. The W batches of a step may go to any ranks (their costs do not
-    change), so they are matched to ranks greedily, most held samples first,
-    to spare ranged reads. Returns (samples, counts) regrouped likewise.
-    """
-    k, w = counts.shape
-    offsets = np.concatenate([[0], np.cumsum(counts.ravel())])
-    batches = [samples[offsets[b] : offsets[b + 1]] for b in range(k * w)]
-    out_batches = []
-    for s in range(k):
-        step = batches[s * w : (s + 1) * w]
-        pairs: dict[tuple[int, int], int] = {}
-        for b, x in enumerate(step):
-            for r in holder[x].tolist():
-                pairs[(b, r)] = pairs.get((b, r), 0) + 1
-        rank_of = [-1] * w
-        taken = [False] * w
-        for (b, r), _ in sorted(pairs.items(), key=lambda kv: (-kv[1], kv[0])):
-            if rank_of[b] < 0 and not taken[r]:
-                rank_of[b], taken[r] = r, True
-        free = iter(r for r in range(w) if not taken[r])
-        placed: list[np.ndarray] = [samples[:0]] * w
-        for b in range(w):
-            placed[rank_of[b] if rank_of[b] >= 0 else next(free)] = step[b]
-        out_batches.extend(placed)
-    sizes = np.array([x.shape[0] for x in out_batches], dtype=np.int64).reshape(k, w)
-    return (np.concatenate(out_batches) if out_batches else samples[:0]), sizes
 
 
 def foreign_samples(plan: Plan, holder: np.ndarray) -> np.ndarray:
@@ -264,3 +256,4 @@ def warm_up(max_batch_tokens: int, max_batch_size: int, world_size: int, options
     lengths[-1] = max_batch_tokens
     none = np.zeros(0, dtype=np.int64)
     plan_affine_window(none, none, lengths, max_batch_tokens, max_batch_size, w, True, True, False, 0, dict(options))
+
