@@ -31,7 +31,8 @@ I/O (shard mode, simulated): a sample's bytes = 640 per frame (16 kHz
 sample ranges it streams (its pieces plus one-sample reads of pooled
 outliers and of the final tail that another rank holds); share = max over
 ranks / (total / W) (1.00 = even; the issue's bound is 1.25). Requests =
-ranged GETs (one per piece or one-sample read) per shard. Carry = most samples any rank holds over from one window to
+ranged GETs (one per piece or one-sample read) per shard, split into
+pieces + pooled outliers + the final window's tail. Carry = most samples any rank holds over from one window to
 the next (kept in memory), and its bytes.
 """
 
