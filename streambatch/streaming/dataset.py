@@ -24,6 +24,7 @@ from ..planners import RECOMMENDED
 from ..planners.elastic import Segments
 from ..torch_glue.distributed import agree, guess_world, is_distributed, resolve_world, will_check
 from ..torch_glue.elastic import SharedSegments
+from .affine_epoch import affine_windows
 from .audio import decode_audio
 from .dataset_reading import ReadingMixin
 from .dataset_setup import (
@@ -141,6 +142,7 @@ class StreamingBatches(StateMixin, ReadingMixin, IterableDataset):
         failure: BaseException | None = None
         world: Any = world_size  # the caller's value until resolve_world checks it
         self.sources: SourceCatalog | None = None
+        self._auto_window = window_samples is None  # then it follows the world size (elastic resume)
         mixed = False
         try:
             mixed = is_sources(urls)
@@ -204,9 +206,17 @@ class StreamingBatches(StateMixin, ReadingMixin, IterableDataset):
         self._slot = 0  # this process's skip counter: the main process's, or a worker's (set per pass)
         self.bytes_read = 0  # tar bytes this process read (files and streams)
 
+    def config_at(self, world_size: int) -> WindowConfig:
+        """This dataset's config as a run at ``world_size`` built it (the
+        default ``window_samples`` of shard mode depends on the world size)."""
+        c = self.config
+        auto = getattr(self, "_auto_window", False)  # (datasets pickled before it existed)
+        window = default_window(c.read_mode, world_size) if auto else c.window_samples
+        return dataclasses.replace(c, world_size=world_size, window_samples=window)
+
     def fingerprint_at(self, world_size: int) -> int:
         """The state fingerprint of these shards (and sources) and settings at ``world_size``."""
-        fp = dataclasses.replace(self.config, world_size=world_size).fingerprint(self.catalog.fingerprint())
+        fp = self.config_at(world_size).fingerprint(self.catalog.fingerprint())
         if self.sources is not None:
             mix = self.sources.mix
             fp = config_fingerprint(np.array(mix.sizes + mix.counts + tuple(self.sources.bounds.tolist()),
@@ -228,6 +238,9 @@ class StreamingBatches(StateMixin, ReadingMixin, IterableDataset):
         """The epoch's planned windows, at this world size after ``segments``."""
         if self.sources is None and not segments:
             return iter_windows(self.catalog.counts, self.catalog.lengths, self.config, epoch)
+        if self.sources is None and self.config.read_mode == "shard":
+            return affine_windows(self.catalog.counts, self.catalog.lengths, self.config, epoch, segments,
+                                  lambda w: self.config_at(w).window_samples)
         if self.sources is None:
             return plan_windows(plain_inputs(self.catalog.counts, self.catalog.lengths, self.config, epoch),
                                 self.config, epoch, segments)
