@@ -24,7 +24,7 @@ from ..planners import RECOMMENDED
 from ..planners.elastic import Segments
 from ..torch_glue.distributed import agree, guess_world, is_distributed, resolve_world, will_check
 from ..torch_glue.elastic import SharedSegments
-from .affine_epoch import affine_windows
+from .affine_epoch import affine_windows, plan_affine
 from .audio import decode_audio
 from .dataset_reading import ReadingMixin
 from .dataset_setup import (
@@ -92,8 +92,8 @@ class StreamingBatches(StateMixin, ReadingMixin, IterableDataset):
         free), ``"shard"`` (each rank trains on a contiguous piece of the
         window's shards, which it alone streams: each byte crosses the
         network once per epoch across the job; see ``affinity.py``) or None
-        (the default): ``"sample"`` when every URL is a local file,
-        ``"shard"`` otherwise. Shard mode plans with its own walk: ``planner``
+        (the default): ``"sample"`` when every URL (of every source, for
+        a mix) is a local file, ``"shard"`` otherwise. Shard mode plans with its own walk: ``planner``
         is not used there, and ``planner_options`` are the bucketed
         planner's (``cost``, ``max_step_cost``).
     rank, world_size: default to ``torch.distributed`` when initialised, else
@@ -245,9 +245,14 @@ class StreamingBatches(StateMixin, ReadingMixin, IterableDataset):
             return plan_windows(plain_inputs(self.catalog.counts, self.catalog.lengths, self.config, epoch),
                                 self.config, epoch, segments)
         sc = self.sources
-        inputs = mixed_inputs(sc, self.config.window_samples, self.config.seed, epoch, self.config.shuffle)
-        return plan_windows(inputs, self.config, epoch, segments, lambda ids: source_of_shards(sc, ids),
-                            sc.mix.num_sources)
+        c = self.config
+        # a mix's windows (J = samples // window_samples) keep the epoch's first world's size across resizes
+        window = self.config_at(segments[0][0]).window_samples if segments else c.window_samples
+        inputs = mixed_inputs(sc, window, c.seed, epoch, c.shuffle)
+        if c.read_mode == "shard":
+            return plan_affine(lambda _w: next(inputs, None), c, epoch, segments,
+                               lambda ids: source_of_shards(sc, ids), sc.mix.num_sources)
+        return plan_windows(inputs, c, epoch, segments, lambda ids: source_of_shards(sc, ids), sc.mix.num_sources)
 
     # ------------------------------------------------------------ epochs
 
