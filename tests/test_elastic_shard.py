@@ -214,3 +214,21 @@ def test_default_window_follows_world_size(corpus):
     fixed = StreamingBatches(src, BUDGET, CAP, rank=0, world_size=8, read_mode="shard", window_samples=20_000)
     with pytest.raises(ValueError, match="window_samples"):  # a window size given by the user is a setting
         fixed.load_state_dict(big.state_dict())
+
+
+def test_remote_resume_reads_like_local(corpus, tmp_path):
+    # pipe: shards go through the remote reader (cache, pieces): the replanned window and the
+    # fetched carry read the same samples as local files
+    import glob
+
+    src, _ = corpus
+    pipes = [f"pipe:cat {p}" for p in sorted(glob.glob(src.split("{")[0] + "*.tar"))]
+    idx = str(tmp_path / "idx")
+    index_shards(pipes, frames_per_second=FPS, index_dir=idx, workers=1, progress=False)
+    _, n, _ = run(src, 4)
+    _, _, state = run(src, 4, steps=n // 3)
+    local, _, _ = run(src, 3, state)
+    _, _, remote_state = run(pipes, 4, steps=n // 3, index_dir=idx)
+    assert remote_state["step"] == state["step"]
+    remote, _, _ = run(pipes, 3, remote_state, index_dir=idx)
+    assert remote == local
