@@ -73,8 +73,10 @@ def _rank(rank, old, new, ports, steps, pattern, out, workers):
         ckpt = {"map": sl.state_dict(), "stream": dl.state_dict()}
         del si, di
         dist.destroy_process_group()
-        with open(os.path.join(out, f"old{rank}.pkl"), "wb") as f:
+        path = os.path.join(out, f"old{rank}.pkl")
+        with open(path + ".tmp", "wb") as f:  # written whole, then renamed: the new job polls for the name
             pickle.dump({"head": head, "ckpt": ckpt}, f)
+        os.replace(path + ".tmp", path)
     if rank >= new:
         return
     _wait_for([os.path.join(out, f"old{r}.pkl") for r in range(old)])

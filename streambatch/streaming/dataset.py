@@ -24,6 +24,7 @@ from ..planners import RECOMMENDED
 from ..planners.elastic import Segments
 from ..torch_glue.distributed import agree, guess_world, is_distributed, resolve_world, will_check
 from ..torch_glue.elastic import SharedSegments
+from .affine_epoch import affine_windows, plan_affine
 from .audio import decode_audio
 from .dataset_reading import ReadingMixin
 from .dataset_setup import (
@@ -91,8 +92,8 @@ class StreamingBatches(StateMixin, ReadingMixin, IterableDataset):
         free), ``"shard"`` (each rank trains on a contiguous piece of the
         window's shards, which it alone streams: each byte crosses the
         network once per epoch across the job; see ``affinity.py``) or None
-        (the default): ``"sample"`` when every URL is a local file,
-        ``"shard"`` otherwise. Shard mode plans with its own walk: ``planner``
+        (the default): ``"sample"`` when every URL (of every source, for
+        a mix) is a local file, ``"shard"`` otherwise. Shard mode plans with its own walk: ``planner``
         is not used there, and ``planner_options`` are the bucketed
         planner's (``cost``, ``max_step_cost``).
     rank, world_size: default to ``torch.distributed`` when initialised, else
@@ -141,6 +142,7 @@ class StreamingBatches(StateMixin, ReadingMixin, IterableDataset):
         failure: BaseException | None = None
         world: Any = world_size  # the caller's value until resolve_world checks it
         self.sources: SourceCatalog | None = None
+        self._auto_window = window_samples is None  # then it follows the world size (elastic resume)
         mixed = False
         try:
             mixed = is_sources(urls)
@@ -204,9 +206,17 @@ class StreamingBatches(StateMixin, ReadingMixin, IterableDataset):
         self._slot = 0  # this process's skip counter: the main process's, or a worker's (set per pass)
         self.bytes_read = 0  # tar bytes this process read (files and streams)
 
+    def config_at(self, world_size: int) -> WindowConfig:
+        """This dataset's config as a run at ``world_size`` built it (the
+        default ``window_samples`` of shard mode depends on the world size)."""
+        c = self.config
+        auto = getattr(self, "_auto_window", False)  # (datasets pickled before it existed)
+        window = default_window(c.read_mode, world_size) if auto else c.window_samples
+        return dataclasses.replace(c, world_size=world_size, window_samples=window)
+
     def fingerprint_at(self, world_size: int) -> int:
         """The state fingerprint of these shards (and sources) and settings at ``world_size``."""
-        fp = dataclasses.replace(self.config, world_size=world_size).fingerprint(self.catalog.fingerprint())
+        fp = self.config_at(world_size).fingerprint(self.catalog.fingerprint())
         if self.sources is not None:
             mix = self.sources.mix
             fp = config_fingerprint(np.array(mix.sizes + mix.counts + tuple(self.sources.bounds.tolist()),
@@ -228,13 +238,21 @@ class StreamingBatches(StateMixin, ReadingMixin, IterableDataset):
         """The epoch's planned windows, at this world size after ``segments``."""
         if self.sources is None and not segments:
             return iter_windows(self.catalog.counts, self.catalog.lengths, self.config, epoch)
+        if self.sources is None and self.config.read_mode == "shard":
+            return affine_windows(self.catalog.counts, self.catalog.lengths, self.config, epoch, segments,
+                                  lambda w: self.config_at(w).window_samples)
         if self.sources is None:
             return plan_windows(plain_inputs(self.catalog.counts, self.catalog.lengths, self.config, epoch),
                                 self.config, epoch, segments)
         sc = self.sources
-        inputs = mixed_inputs(sc, self.config.window_samples, self.config.seed, epoch, self.config.shuffle)
-        return plan_windows(inputs, self.config, epoch, segments, lambda ids: source_of_shards(sc, ids),
-                            sc.mix.num_sources)
+        c = self.config
+        # a mix's windows (J = samples // window_samples) keep the epoch's first world's size across resizes
+        window = self.config_at(segments[0][0]).window_samples if segments else c.window_samples
+        inputs = mixed_inputs(sc, window, c.seed, epoch, c.shuffle)
+        if c.read_mode == "shard":
+            return plan_affine(lambda _w: next(inputs, None), c, epoch, segments,
+                               lambda ids: source_of_shards(sc, ids), sc.mix.num_sources)
+        return plan_windows(inputs, c, epoch, segments, lambda ids: source_of_shards(sc, ids), sc.mix.num_sources)
 
     # ------------------------------------------------------------ epochs
 

@@ -31,14 +31,12 @@ def check_verify(verify: Any) -> tuple[bool, str]:
 
 
 def resolve_read_mode(urls: Any, read_mode: str | None, mixed: bool, storage_options: dict | None) -> str:
-    """The read mode: mixed sources read by sample; None picks ``"sample"``
-    when every shard is a local file, else ``"shard"``."""
-    if mixed:
-        if read_mode not in (None, "sample"):
-            raise ValueError(f"mixed sources are streamed with read_mode='sample', got {read_mode!r}")
-        read_mode = "sample"
+    """The read mode: None picks ``"sample"`` when every shard (of every
+    source, for a mix) is a local file, else ``"shard"``."""
     if read_mode is None:
-        shard_urls = catalog_urls(urls, storage_options) if is_catalog(urls) else expand_urls(urls)
+        lists = [x.urls for x in _as_list(urls)] if mixed else [urls]
+        shard_urls = [u for x in lists for u in (catalog_urls(x, storage_options) if is_catalog(x) else
+                                                 expand_urls(x))]
         read_mode = "sample" if all(is_local(u) for u in shard_urls) else "shard"
     return check_read_mode(read_mode)
 

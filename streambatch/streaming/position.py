@@ -16,7 +16,6 @@ one skip counter per process (main process, worker 0, worker 1, ...).
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import multiprocessing.context
 from dataclasses import dataclass
@@ -157,12 +156,8 @@ def read_position(state: Any, ds: Any, info: Any) -> Position:
 
     s = read_state(state, "StreamingBatches", (S.EPOCH, S.STEP, S.WORKER, S.WORLD_SIZE, S.FINGERPRINT))
     world = state_int(s, S.WORLD_SIZE, 1)
-    if world != ds.world_size and ds.config.read_mode == "shard":
-        raise ValueError(f"state was saved with world_size={world}, this run has world_size={ds.world_size}: "
-                         "resuming on another world size needs read_mode='sample' (in shard mode each rank's "
-                         "pieces of a window depend on the world size); resume with the same number of ranks")
     # everything but the world size must match: compare at the saver's world size
-    at_saver = dataclasses.replace(ds.config, world_size=world)
+    at_saver = ds.config_at(world)
     if s[S.FINGERPRINT] != ds.fingerprint_at(world) and s[S.FINGERPRINT] != legacy_fingerprint(at_saver, ds.catalog):
         saved = dict(s.get(S.CONFIG) or {}, world_size=ds.world_size)
         what = differences(saved, ds.config.describe()) or ("the shard list or sidecars differ" if ds.sources is None

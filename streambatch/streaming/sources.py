@@ -15,7 +15,9 @@ granularity for I/O:
   the epoch's samples); window ``j`` takes the ``j``-th ``1/J`` of every
   source's range, so each window mixes the sources in proportion (up to
   rounding by one sample per source) and is planned as one set, balanced and
-  budgeted across ranks like any window.
+  budgeted across ranks like any window. In ``read_mode="shard"`` each
+  source's part of a window is cut into W pieces on its own
+  (``affine_epoch.py``), so every rank streams a slice of every source.
 
 Pure numpy plus sidecar reads (through ``Catalog``); no torch.
 """

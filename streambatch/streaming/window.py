@@ -19,7 +19,8 @@ samples to ranks in contiguous pieces of whole and cut shards, and plans
 steps in which every rank's batch holds only samples of its own pieces
 (``affinity.py`` has the design): each shard byte is read by one rank.
 Windows then also hold at least W shards, so that cutting adds at most one
-ranged read per shard.
+ranged read per shard. That epoch loop, with elastic resume, is
+``affine_epoch.py``.
 
 Everything is a pure function of (lengths, config, epoch), so every rank and
 every DataLoader worker computes the same windows without talking.
@@ -38,7 +39,6 @@ from ..core.long_samples import check_max_length
 from ..core.plan import Plan
 from ..core.validation import check_int
 from ..planners import RECOMMENDED
-from .affinity import foreign_samples, plan_affine_window
 
 _U64 = 1 << 64
 READ_MODES = ("sample", "shard")
@@ -98,7 +98,8 @@ class WindowConfig(PlanConfig):
         # sample mode keeps its key, so states saved before read_mode existed still load
         key = super().key() + (self.window_samples,)
         key = key if self.read_mode == "sample" else key + (self.read_mode,)
-        return key if self.max_length is None else key + (("max_length", self.max_length),)
+        # flat (a nested tuple cannot be hashed by config_fingerprint: StreamingBatches(max_length=...) failed)
+        return key if self.max_length is None else key + ("max_length", self.max_length)
 
 
 @dataclass(frozen=True)
@@ -233,81 +234,14 @@ def iter_windows(counts: np.ndarray, load_lengths: Callable[[int], np.ndarray], 
     Samples longer than ``config.max_length`` are left out and counted.
     """
     if config.read_mode == "shard":
-        yield from _iter_affine(counts, load_lengths, config, epoch)
+        from .affine_epoch import affine_windows  # it imports this module
+
+        yield from affine_windows(counts, load_lengths, config, epoch)
         return
     # One sample-mode loop, shared with mixed sources and elastic resume (replan.py imports this module).
     from .replan import plain_inputs, plan_windows
 
     yield from plan_windows(plain_inputs(counts, load_lengths, config, epoch), config, epoch)
-
-
-def _iter_affine(counts: np.ndarray, load_lengths: Callable[[int], np.ndarray], config: WindowConfig,
-                 epoch: int) -> Iterator[Window]:
-    """``iter_windows`` for read_mode='shard': windows of >= W shards planned
-    by ``affinity.plan_affine_window``; carried samples keep their owner."""
-    w = config.world_size
-    order = shard_order(counts.shape[0], config.seed, epoch, config.shuffle)
-    bounds = window_bounds(counts[order], config.window_samples, min_shards=w)
-    nwin = bounds.shape[0] - 1
-    none = np.zeros(0, dtype=np.int64)
-    carry_ids = carry_local = carry_len = carry_holder = none
-    step = 0
-    options = dict(config.planner_options)
-    for j in range(nwin):
-        shards = order[bounds[j] : bounds[j + 1]]
-        lens = [np.asarray(load_lengths(int(s)), dtype=np.int64) for s in shards]
-        sizes = np.array([x.shape[0] for x in lens], dtype=np.int64)
-        new_len = np.concatenate([none] + lens)
-        new_ids = np.repeat(shards, sizes)
-        new_local = np.concatenate([none] + [np.arange(x.shape[0], dtype=np.int64) for x in lens])
-        kept = np.arange(new_len.shape[0], dtype=np.int64)
-        over = 0
-        if config.max_length is not None:
-            kept = np.flatnonzero(new_len <= config.max_length)
-            over = int(new_len.shape[0] - kept.shape[0])
-        last = j == nwin - 1
-        aw = plan_affine_window(carry_len, carry_holder, new_len[kept], config.max_batch_tokens,
-                                config.max_batch_size, w, config.shuffle, last, config.drop_last,
-                                window_seed(config.seed, epoch, j), options)
-        c = carry_ids.shape[0]
-        ids = np.concatenate([carry_ids, new_ids[kept]])
-        local = np.concatenate([carry_local, new_local[kept]])
-        lengths = np.concatenate([carry_len, new_len[kept]])
-        # Cuts between kept samples, moved to the window's whole sample sequence: a left-out
-        # (too long) sample is streamed, unused, by the rank whose piece it falls in.
-        cuts = np.concatenate([[0], np.append(kept, new_len.shape[0])[aw.cuts[1:-1]], [new_len.shape[0]]])
-        reads = _piece_reads(shards, sizes, cuts)
-        extra = foreign_samples(aw.plan, aw.holder)
-        if extra.shape[0]:
-            i = extra[:, 1]
-            more = np.stack([extra[:, 0], ids[i], local[i], local[i] + 1], axis=1)
-            reads = np.concatenate([reads, more])
-            reads = reads[np.argsort(reads[:, 0], kind="stable")]
-        if not last:
-            left = aw.leftover
-            carry_ids, carry_local, carry_len, carry_holder = ids[left], local[left], lengths[left], aw.holder[left]
-        yield Window(j, step, aw.plan, ids, local, last, aw.holder, reads, c, over)
-        step += aw.plan.num_steps
-
-
-def _piece_reads(shards: np.ndarray, sizes: np.ndarray, cuts: np.ndarray) -> np.ndarray:
-    """(k, 4) int64 rows (rank, shard, lo, hi): rank r's piece
-    ``cuts[r]:cuts[r + 1]`` of the window's sample sequence, split where
-    shards end (empty shards and empty pieces give no row)."""
-    edges = np.concatenate([[0], np.cumsum(sizes)])
-    rows = []
-    for r in range(cuts.shape[0] - 1):
-        a, b = int(cuts[r]), int(cuts[r + 1])
-        if a == b:
-            continue
-        first = int(np.searchsorted(edges, a, side="right")) - 1
-        for j in range(first, shards.shape[0]):
-            lo, hi = max(a, int(edges[j])), min(b, int(edges[j + 1]))
-            if lo >= b:
-                break
-            if lo < hi:
-                rows.append((r, int(shards[j]), lo - int(edges[j]), hi - int(edges[j])))
-    return np.array(rows, dtype=np.int64).reshape(-1, 4)
 
 
 def summarize(counts: np.ndarray, load_lengths: Callable[[int], np.ndarray], config: WindowConfig,
