@@ -8,7 +8,7 @@ A batch of ``B`` samples padded to ``L`` costs
 
 ``q`` is in the same units as the lengths (frames or tokens, not seconds:
 lhotse's ``quadratic_duration=30`` at 50 frames/s is ``q=1500``). Kernels get
-the model as two integers, ``code`` and ``q``, and compute ``scale * cost`` in
+the model as two integers, ``coefficients``, and compute ``scale * cost`` in
 int64 (``scale`` is ``q`` for quadratic_duration, 1 otherwise), so no float
 ever decides a plan.
 """
@@ -63,8 +63,15 @@ class CostModel:
 
     @property
     def code(self) -> int:
-        """The kernel's integer code for ``kind``."""
+        """The integer code of ``kind`` (index in ``KINDS``)."""
         return KINDS.index(self.kind)
+
+    @property
+    def coefficients(self) -> tuple[int, int]:
+        """(ca, cb) with ``scale * cost = B * L * (ca * L + cb)``: what kernels
+        take (two numbers rather than ``code``: a kernel branching on a code
+        inside its loops compiles one copy of each loop per model)."""
+        return {"linear": (0, 1), "quadratic": (1, 0), "quadratic_duration": (1, self.q)}[self.kind]
 
     @property
     def scale(self) -> int:

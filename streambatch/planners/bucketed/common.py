@@ -1,10 +1,11 @@
 """What every bucketed kernel shares: the helper decorator, counter-based
 draws, the integer batch cost and array allocation.
 
-Batch costs are integers (see ``core/cost.py``):
+Batch costs are integers (see ``core/cost.py``), ``count * L * (ca * L + cb)``
+with the model's coefficients (ca, cb):
 
-    code 0: count * L          code 1: count * L**2
-    code 2: count * L * (q + L)     (= q * count * (L + L**2 / q))
+    linear (0, 1): count * L      quadratic (1, 0): count * L**2
+    quadratic_duration (1, q): count * L * (q + L)   (= q * count * (L + L**2 / q))
 
 Randomness is counter-based (a splitmix64 finaliser of ``key ^ counter``), so
 every draw is a pure function of the 64-bit key and its position.
@@ -19,7 +20,17 @@ Compile time (a cold first call compiles every kernel) shapes this code:
   again in every function that uses it, so kernels allocate only through
   ``_new`` and compare with conditional expressions;
 - ``error_model="numpy"``: no ZeroDivisionError branch after every ``/``,
-  ``//`` and ``%`` (inputs are validated: no kernel divides by zero).
+  ``//`` and ``%`` (inputs are validated: no kernel divides by zero);
+- no branch on a loop-invariant value inside a loop (a flag, the cost
+  model): LLVM -O3 unswitches the loop, one copy of it per value. Kernels
+  get the cost model as two coefficients from Python, opaque to LLVM (a
+  cost-model code, even branch-free as 0/1 factors, was unswitched on:
+  ~12 % more LLVM IR in plan_steps), and flags become 0/1 factors;
+- no Numba-level inlining (``inline="always"``) of kernel helpers, though
+  it saves their separate compiles: into bucket_sort it halved planning
+  speed (4M samples: 0.09 -> 0.19 s), into plan_steps its type inference
+  grew by more than the helpers' compiles saved. ``_inline`` is for the
+  test wrappers' ``_coefficients`` only.
 """
 
 from __future__ import annotations
@@ -31,8 +42,11 @@ _U32 = np.uint64(32)
 _I64_MAX = np.int64(np.iinfo(np.int64).max)  # a typed global: np.iinfo compiles code in every kernel using it
 
 # Helpers only other kernels call: no CPython or C wrapper to generate and
-# compile for them.
-_helper = njit(cache=True, no_cpython_wrapper=True, no_cfunc_wrapper=True, error_model="numpy")
+# compile for them, and no cache entry of their own (a cached kernel holds
+# its helpers' code, linked in; saving theirs cost ~0.15 s of a cold call).
+_helper = njit(no_cpython_wrapper=True, no_cfunc_wrapper=True, error_model="numpy")
+# Inlined into the caller's Numba IR (typed and compiled with it): see above.
+_inline = njit(inline="always", no_cpython_wrapper=True, no_cfunc_wrapper=True, error_model="numpy")
 
 
 @_helper
@@ -55,20 +69,24 @@ def _below(key, counter, n):
 
 
 @_helper
-def _cost(code, q, count, max_len):
-    """Integer cost of ``count`` samples padded to ``max_len`` (codes above);
-    all int64."""
-    if code == 0:
-        return count * max_len
-    if code == 1:
-        return count * max_len * max_len
-    return count * max_len * (q + max_len)
+def _cost(ca, cb, count, max_len):
+    """Integer cost of ``count`` samples padded to ``max_len`` under the
+    coefficients (ca, cb) above; all int64."""
+    return count * max_len * (ca * max_len + cb)
+
+
+@_inline
+def _coefficients(code, q):
+    """(ca, cb) of ``CostModel.code`` and ``q``, for the Python-callable
+    wrappers (the plan layer passes ``CostModel.coefficients``)."""
+    return np.int64(code != 0), np.int64(1 if code == 0 else q if code == 2 else 0)
 
 
 @njit(cache=True, error_model="numpy")
 def batch_cost(code, q, count, max_len):
     """``_cost`` callable from Python (tests and callers outside kernels)."""
-    return _cost(np.int64(code), np.int64(q), np.int64(count), np.int64(max_len))
+    ca, cb = _coefficients(code, q)
+    return _cost(ca, cb, np.int64(count), np.int64(max_len))
 
 
 @_helper

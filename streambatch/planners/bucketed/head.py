@@ -26,7 +26,7 @@ _SWAP = 1.15  # a lone sample within 1 / _SWAP of the cheapest chosen batch's co
 
 
 @_helper
-def _head_pool(slen, p, w, max_tokens, max_size, code, q, cap, long_only, sizes, costs):
+def _head_pool(slen, p, w, max_tokens, max_size, ca, cb, cap, long_only, sizes, costs):
     """Cut slen[p:] into batches of consecutive samples, each filled until
     the next sample would break the size cap, token budget or cost ``cap``.
 
@@ -48,13 +48,13 @@ def _head_pool(slen, p, w, max_tokens, max_size, code, q, cap, long_only, sizes,
         while pos < n:
             ln = np.int64(slen[pos])
             nm = ln if ln > mx else mx
-            if cnt + 1 > max_size or (cnt + 1) * nm > max_tokens or _cost(code, q, cnt + 1, nm) > cap:
+            if cnt + 1 > max_size or (cnt + 1) * nm > max_tokens or _cost(ca, cb, cnt + 1, nm) > cap:
                 break
             cnt += 1
             mx = nm
             pos += 1
         sizes[k] = cnt
-        costs[k] = _cost(code, q, cnt, mx)
+        costs[k] = _cost(ca, cb, cnt, mx)
         k += 1
         if k % w == 0 and k >= _MIN_POOL * w and 2 * costs[k - 1] < cap:
             break

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .common import _I64_MAX, _below, _cost, _grow, _mix, _new, _zeros, batch_cost, njit
+from .common import _I64_MAX, _below, _coefficients, _cost, _grow, _mix, _new, _zeros, batch_cost, njit
 from .head import LONG, POOL, _head_pool, _take_head
 from .layouts import (
     _contiguous,
@@ -35,16 +35,17 @@ _SPARSE = 0.9  # a descending step less balanced than this spans sparse long sam
 
 
 @njit(cache=True, error_model="numpy")
-def plan_steps(order, slen, w, max_tokens, max_size, code, q, max_cost, descending, finish, drop_last, shuffle,
+def plan_steps(order, slen, w, max_tokens, max_size, ca, cb, max_cost, descending, finish, drop_last, shuffle,
                key, first_step, out):
     """Lay bucket-sorted samples out as global steps of W batches.
 
     order, slen: (n,) sample indices and their lengths in bucket order,
     ascending or descending (the head reorders a few of them in place).
-    max_tokens, max_size, max_cost >= 1 (int64 max
-    for no cost cap). key: uint64; step s of this call turns its batches by
-    a rank offset drawn from (key, first_step + s) when shuffling. out:
-    (>= n,) receives samples grouped by step, then rank.
+    max_tokens, max_size, max_cost >= 1 (int64 max for no cost cap). ca,
+    cb: the cost model's ``CostModel.coefficients``. key: uint64; step s of
+    this call turns its batches by a rank offset drawn from (key,
+    first_step + s) when shuffling. out: (>= n,) receives samples grouped by
+    step, then rank.
 
     Each step takes the next samples in order, laid out in whichever way
     wastes the fewest tokens per real token (``_waste_rate``):
@@ -137,10 +138,10 @@ def plan_steps(order, slen, w, max_tokens, max_size, code, q, max_cost, descendi
                     limit = held if held < max_cost else max_cost
                 sz = sizes[c * w : (c + 1) * w]
                 mx = maxes[c * w : (c + 1) * w]
-                end, complete, real = _contiguous(slen, p, w, max_tokens, max_size, code, q, limit, sz, mx)
+                end, complete, real = _contiguous(slen, p, w, max_tokens, max_size, ca, cb, limit, sz, mx)
                 ends[c] = end
                 if complete:
-                    rate, balance = _waste_rate(sz, mx, real, w, max_tokens, max_size, code, q, max_cost,
+                    rate, balance = _waste_rate(sz, mx, real, w, max_tokens, max_size, ca, cb, max_cost,
                                                 cost_limited)
                     if rate < best_rate:
                         best_rate = rate
@@ -150,15 +151,15 @@ def plan_steps(order, slen, w, max_tokens, max_size, code, q, max_cost, descendi
                         # Balanced already: nothing else can do much better; skip the rest.
                         settled = balance >= _SETTLED
                         for r in range(w):
-                            cr = _cost(code, q, sizes[r], maxes[r])
+                            cr = _cost(ca, cb, sizes[r], maxes[r])
                             cheapest = cr if cr < cheapest else cheapest
             lone = np.int64(0)
             top = np.int64(0)
             head = False
             if descending and w > 1 and best_rate < np.inf:  # layout 0 completed
-                lone = _cost(code, q, np.int64(1), np.int64(slen[p]))
+                lone = _cost(ca, cb, np.int64(1), np.int64(slen[p]))
                 for r in range(w):
-                    cr = _cost(code, q, sizes[r], maxes[r])
+                    cr = _cost(ca, cb, sizes[r], maxes[r])
                     top = cr if cr > top else top
                 # The head (``head.py``): an outlier (the longest sample alone
                 # costs as much as the cheapest full batch: it sets the step's
@@ -166,7 +167,7 @@ def plan_steps(order, slen, w, max_tokens, max_size, code, q, max_cost, descendi
                 # samples (fewer than LONG fit the budget) while they last.
                 outlier = cheapest <= lone < top
                 if outlier or (in_head and max_tokens < LONG * np.int64(slen[p])):
-                    k = _head_pool(slen, p, w, max_tokens, max_size, code, q, lone if lone < max_cost else max_cost,
+                    k = _head_pool(slen, p, w, max_tokens, max_size, ca, cb, lone if lone < max_cost else max_cost,
                                    not outlier, pool_sizes, pool_costs)
                     if k > 0:
                         _take_head(order, slen, p, w, pool_sizes, pool_costs, k, sizes[:w])
@@ -176,7 +177,7 @@ def plan_steps(order, slen, w, max_tokens, max_size, code, q, max_cost, descendi
             if not head:
                 b = np.int64(0)
                 if not settled:
-                    b, b_narrow, complete = _deal_size(slen, p, w, max_tokens, max_size, code, q, max_cost)
+                    b, b_narrow, complete = _deal_size(slen, p, w, max_tokens, max_size, ca, cb, max_cost)
                 if w > 1 and not settled:
                     for c in range(3, 5):
                         bc = b if c == 3 else b_narrow
@@ -185,7 +186,7 @@ def plan_steps(order, slen, w, max_tokens, max_size, code, q, max_cost, descendi
                             sz = sizes[c * w : (c + 1) * w]
                             mx = maxes[c * w : (c + 1) * w]
                             real = _deal_stats(slen, p, ends[c], w, sz, mx)
-                            rate, balance = _waste_rate(sz, mx, real, w, max_tokens, max_size, code, q, max_cost,
+                            rate, balance = _waste_rate(sz, mx, real, w, max_tokens, max_size, ca, cb, max_cost,
                                                         cost_limited)
                             if rate < best_rate:
                                 best_rate = rate
@@ -199,8 +200,8 @@ def plan_steps(order, slen, w, max_tokens, max_size, code, q, max_cost, descendi
                     # leave more to the final steps, dealt over wider lengths).
                     sz = sizes[best * w : (best + 1) * w]
                     mx = maxes[best * w : (best + 1) * w]
-                    end = _sparse_cap(slen, p, w, max_tokens, max_size, code, q, top if top < max_cost else max_cost,
-                                      lone, _time_rate(slen, p, ends[best], sz, mx, w, code, q), sizes[5 * w :],
+                    end = _sparse_cap(slen, p, w, max_tokens, max_size, ca, cb, top if top < max_cost else max_cost,
+                                      lone, _time_rate(slen, p, ends[best], sz, mx, w, ca, cb), sizes[5 * w :],
                                       maxes[5 * w :])
                     if end >= 0 and n - end >= ends[0] - p:
                         best = 5
@@ -217,7 +218,7 @@ def plan_steps(order, slen, w, max_tokens, max_size, code, q, max_cost, descendi
                     break  # leave the end to the caller
                 h = np.int64(-1)
                 if near_end and not drop_last:
-                    h = _finish_split(slen, p, w, max_tokens, max_size, code, q, max_cost, cost_limited,
+                    h = _finish_split(slen, p, w, max_tokens, max_size, ca, cb, max_cost, cost_limited,
                                       sizes[:w], maxes[:w])
                 if h > 0:  # one or two final steps, dealt
                     best = 3
@@ -267,10 +268,11 @@ def head_step(order, slen, p, w, max_tokens, max_size, code, q, cap, long_only):
     """One head step from order/slen[p:] (``_head_pool``, ``_take_head``):
     ((W,) int64 sizes of the chosen batches, samples they hold), 0 samples
     when the pool is empty. order and slen are reordered in place."""
+    ca, cb = _coefficients(code, q)
     sizes = _new(POOL * w)
     costs = _new(POOL * w)
     chosen = _zeros(w)
-    k = _head_pool(slen, p, w, max_tokens, max_size, code, q, cap, long_only, sizes, costs)
+    k = _head_pool(slen, p, w, max_tokens, max_size, ca, cb, cap, long_only, sizes, costs)
     used = np.int64(0)
     if k > 0:
         used = _take_head(order, slen, p, w, sizes, costs, k, chosen)
@@ -280,13 +282,15 @@ def head_step(order, slen, p, w, max_tokens, max_size, code, q, cap, long_only):
 @njit(cache=True, error_model="numpy")
 def sparse_layout(slen, p, w, max_tokens, max_size, code, q, top, lone, rate):
     """``_sparse_cap``: (end or -1, (W,) sizes, (W,) longest) of the chosen layout."""
+    ca, cb = _coefficients(code, q)
     sizes = _zeros(2 * w)
     maxes = _zeros(2 * w)
-    end = _sparse_cap(slen, p, w, max_tokens, max_size, code, q, top, lone, rate, sizes, maxes)
+    end = _sparse_cap(slen, p, w, max_tokens, max_size, ca, cb, top, lone, rate, sizes, maxes)
     return end, sizes[:w], maxes[:w]
 
 
 @njit(cache=True, error_model="numpy")
 def time_rate(slen, p, end, sizes, maxes, w, code, q):
     """``_time_rate``."""
-    return _time_rate(slen, p, end, sizes, maxes, w, code, q)
+    ca, cb = _coefficients(code, q)
+    return _time_rate(slen, p, end, sizes, maxes, w, ca, cb)

@@ -17,7 +17,7 @@ _NARROW = 20  # a narrow deal spans at most 1 + 1/_NARROW in length
 
 
 @_helper
-def _contiguous(slen, p, w, max_tokens, max_size, code, q, limit, sizes, maxes):
+def _contiguous(slen, p, w, max_tokens, max_size, ca, cb, limit, sizes, maxes):
     """W batches of consecutive samples from ``p``, each filled until the next
     sample would break the size cap, token budget or cost ``limit``.
 
@@ -38,7 +38,7 @@ def _contiguous(slen, p, w, max_tokens, max_size, code, q, limit, sizes, maxes):
         while pos < n:
             ln = np.int64(slen[pos])
             nm = ln if ln > mx else mx
-            if cnt + 1 > max_size or (cnt + 1) * nm > max_tokens or _cost(code, q, cnt + 1, nm) > limit:
+            if cnt + 1 > max_size or (cnt + 1) * nm > max_tokens or _cost(ca, cb, cnt + 1, nm) > limit:
                 closed = True
                 break
             cnt += 1
@@ -53,22 +53,22 @@ def _contiguous(slen, p, w, max_tokens, max_size, code, q, limit, sizes, maxes):
 
 
 @_helper
-def _time_rate(slen, p, end, sizes, maxes, w, code, q):
+def _time_rate(slen, p, end, sizes, maxes, w, ca, cb):
     """Rank time per unit of work of W batches of slen[p:end]: W x the
     costliest batch over what its samples cost alone (no padding, perfect
     balance), so 1 is ideal. inf when the samples cost nothing."""
     top = np.int64(0)
     for r in range(w):
-        c = _cost(code, q, sizes[r], maxes[r])
+        c = _cost(ca, cb, sizes[r], maxes[r])
         top = c if c > top else top
     work = 0.0
     for i in range(p, end):
-        work += _cost(code, q, np.int64(1), np.int64(slen[i]))
+        work += _cost(ca, cb, np.int64(1), np.int64(slen[i]))
     return w * float(top) / work if work > 0.0 else np.inf
 
 
 @_helper
-def _sparse_cap(slen, p, w, max_tokens, max_size, code, q, top, lone, rate, sizes, maxes):
+def _sparse_cap(slen, p, w, max_tokens, max_size, ca, cb, top, lone, rate, sizes, maxes):
     """Where long samples are sparse (slen descending), a step of contiguous
     batches spans a wide range of lengths and its first batches cost far
     more than its last. Try holding every batch to a cost limit, from top
@@ -88,10 +88,10 @@ def _sparse_cap(slen, p, w, max_tokens, max_size, code, q, top, lone, rate, size
             break
         sz = sizes[w:]
         mx = maxes[w:]
-        end, complete, real = _contiguous(slen, p, w, max_tokens, max_size, code, q, limit, sz, mx)
+        end, complete, real = _contiguous(slen, p, w, max_tokens, max_size, ca, cb, limit, sz, mx)
         if not complete:
             break
-        r = _time_rate(slen, p, end, sz, mx, w, code, q)
+        r = _time_rate(slen, p, end, sz, mx, w, ca, cb)
         if r < rate:
             rate = r
             best_end = end
@@ -102,7 +102,7 @@ def _sparse_cap(slen, p, w, max_tokens, max_size, code, q, top, lone, rate, size
 
 
 @_helper
-def _deal_size(slen, p, w, max_tokens, max_size, code, q, max_cost):
+def _deal_size(slen, p, w, max_tokens, max_size, ca, cb, max_cost):
     """How many samples per rank a deal of the samples from ``p`` can take.
 
     Returns (b, b_narrow, complete): b is the largest count such that the
@@ -134,7 +134,7 @@ def _deal_size(slen, p, w, max_tokens, max_size, code, q, max_cost):
             ln = np.int64(slen[j])
             nm = ln if ln > nm else nm
             mn = ln if ln < mn else mn
-        if nb * nm > max_tokens or _cost(code, q, nb, nm) > max_cost:
+        if nb * nm > max_tokens or _cost(ca, cb, nb, nm) > max_cost:
             break
         b = nb
         mx = nm
@@ -149,7 +149,9 @@ def _deal_rank(t, m, w):
     slot order, except that a final partial round goes to the last slots,
     whose longest samples are the shortest."""
     j = t % w
-    if m % w != 0 and t >= m - m % w:
+    # (t >= m - m % W alone: it is false for every t < m when m % W == 0; a
+    # separate m % W != 0 test would be loop-invariant, and unswitched.)
+    if t >= m - m % w:
         return w - 1 - j
     return j
 
@@ -174,7 +176,7 @@ def _deal_stats(slen, lo, hi, w, sizes, maxes):
 
 
 @_helper
-def _waste_rate(sizes, maxes, real, w, max_tokens, max_size, code, q, max_cost, cost_limited):
+def _waste_rate(sizes, maxes, real, w, max_tokens, max_size, ca, cb, max_cost, cost_limited):
     """Weighted tokens wasted per real token, summing padding, straggler time
     (padded tokens x (1 - balance)) and the unused capacity of batches below
     their limit (budget, size cap or cost cap, whichever binds)."""
@@ -182,17 +184,20 @@ def _waste_rate(sizes, maxes, real, w, max_tokens, max_size, code, q, max_cost, 
     csum = 0.0
     cmax = 0.0
     unused = 0.0
+    # Not ``if cost_limited`` in the loop: LLVM would unswitch the loop on
+    # it (two copies of its body); a 0/1 factor compiles once, same values.
+    by_cost = 1.0 if cost_limited else 0.0
     for r in range(w):
         tok = float(sizes[r] * maxes[r])
-        c = float(_cost(code, q, sizes[r], maxes[r]))
+        c = float(_cost(ca, cb, sizes[r], maxes[r]))
         padded += tok
         csum += c
         cmax = c if c > cmax else cmax
         fill = tok / max_tokens
         by_size = sizes[r] / max_size
         fill = by_size if by_size > fill else fill
-        if cost_limited and c / max_cost > fill:
-            fill = c / max_cost
+        by_cap = by_cost * c / max_cost  # 0 (<= fill) without a cost cap
+        fill = by_cap if by_cap > fill else fill
         if 0.0 < fill < 1.0:
             unused += tok * (1.0 / fill - 1.0)
     balance = csum / (w * cmax) if cmax > 0.0 else 1.0
@@ -201,28 +206,19 @@ def _waste_rate(sizes, maxes, real, w, max_tokens, max_size, code, q, max_cost, 
 
 
 @_helper
-def _fits(count, max_len, max_tokens, max_size, code, q, max_cost):
+def _fits(count, max_len, max_tokens, max_size, ca, cb, max_cost):
     return count <= 1 or (count <= max_size and count * max_len <= max_tokens
-                          and _cost(code, q, count, max_len) <= max_cost)
+                          and _cost(ca, cb, count, max_len) <= max_cost)
 
 
 @_helper
-def _even_rate(m, mx, real, w, max_tokens, max_size, code, q, max_cost, cost_limited, sizes, maxes):
-    """``_waste_rate`` of dealing m samples (longest mx) evenly, every rank's
-    longest taken as mx: a cheap estimate for choosing where to split."""
-    for r in range(w):
-        sizes[r] = m // w + (1 if r < m % w else 0)
-        maxes[r] = mx
-    return _waste_rate(sizes, maxes, real, w, max_tokens, max_size, code, q, max_cost, cost_limited)[0]
-
-
-@_helper
-def _finish_split(slen, p, w, max_tokens, max_size, code, q, max_cost, cost_limited, sizes, maxes):
+def _finish_split(slen, p, w, max_tokens, max_size, ca, cb, max_cost, cost_limited, sizes, maxes):
     """Where to split the last samples slen[p:] (ascending by bucket) into at
     most two evenly dealt steps: returns h (the first step is slen[p:p+h],
     the second the rest; h = n - p for a single step), or -1 when no split
-    fits the limits. Chooses the least total ``_waste_rate``, estimated with
-    every rank's longest taken as its step's longest."""
+    fits the limits. Chooses the least total ``_waste_rate`` (weighted by
+    real tokens), estimated cheaply: each step dealt evenly, every rank's
+    longest taken as the step's longest."""
     n = slen.shape[0]
     m = n - p
     work = _new(3 * (m + 1))
@@ -247,13 +243,20 @@ def _finish_split(slen, p, w, max_tokens, max_size, code, q, max_cost, cost_limi
         if rest == 0 or rest >= w:
             ba = (h + w - 1) // w
             bb = (rest + w - 1) // w
-            if (_fits(ba, pre[h], max_tokens, max_size, code, q, max_cost)
-                    and (rest == 0 or _fits(bb, suf[h], max_tokens, max_size, code, q, max_cost))):
-                rate = _even_rate(h, pre[h], tot[h], w, max_tokens, max_size, code, q, max_cost,
-                                  cost_limited, sizes, maxes) * tot[h]
-                if rest > 0:
-                    rate += _even_rate(rest, suf[h], tot[m] - tot[h], w, max_tokens, max_size, code, q,
-                                       max_cost, cost_limited, sizes, maxes) * (tot[m] - tot[h])
+            if (_fits(ba, pre[h], max_tokens, max_size, ca, cb, max_cost)
+                    and (rest == 0 or _fits(bb, suf[h], max_tokens, max_size, ca, cb, max_cost))):
+                # The two steps in turn, written out here rather than in a
+                # helper of their own: one function less to compile.
+                rate = 0.0
+                for part in range(1 if rest == 0 else 2):
+                    cnt = h if part == 0 else rest
+                    mx = pre[h] if part == 0 else suf[h]
+                    real = tot[h] if part == 0 else tot[m] - tot[h]
+                    for r in range(w):
+                        sizes[r] = cnt // w + (1 if r < cnt % w else 0)
+                        maxes[r] = mx
+                    rate += _waste_rate(sizes, maxes, real, w, max_tokens, max_size, ca, cb, max_cost,
+                                        cost_limited)[0] * real
                 if rate < best_rate:
                     best_rate = rate
                     best = h

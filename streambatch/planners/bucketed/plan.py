@@ -187,7 +187,7 @@ def plan_bucketed(lengths: np.ndarray, max_batch_tokens: int, max_batch_size: in
     # Lay steps out from the short end up and from the long end down; the
     # tails of both (under two steps each) meet where lengths are densest
     # and are finished there together, so no runt step lands in a sparse tail.
-    args = (w, tokens, cap, cost.code, cost.q, max_cost)
+    args = (w, tokens, cap, *cost.coefficients, max_cost)
     step_key = subkey(key, 3)
     low, k, n_low, stop_low = plan_steps(order[:m], slen[:m], *args, False, False, False, shuffle, step_key, 0, out)
     low = low[: k * w].reshape(k, w)

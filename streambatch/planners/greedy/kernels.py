@@ -25,11 +25,16 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-_BIG = np.iinfo(np.int64).max
+from ..bucketed.common import _I64_MAX as _BIG
+from ..bucketed.common import _grow, _helper, _new
+
+# Compile time follows the rules in ``bucketed/common.py``. In particular a
+# variable passed to a helper starts as np.int64(...), never a literal: Numba
+# types a loop's first pass with the literal and compiles the helper for it too.
 _BLOCK = 4096  # lengths are gathered a block at a time so cache misses overlap
 
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
 def greedy_steps(order, lengths, world_size, max_tokens, max_size, out):
     """Plan global steps greedily over ``order``.
 
@@ -45,36 +50,39 @@ def greedy_steps(order, lengths, world_size, max_tokens, max_size, out):
     n = order.shape[0]
     w = world_size
     groups = _Groups(w)
-    block = np.empty(_BLOCK, dtype=np.int64)
-    step_samples = np.empty(max(1, min(n, w * max_size)), dtype=np.int64)
-    step_ranks = np.empty(step_samples.shape[0], dtype=np.int64)
-    rank_pos = np.zeros(w, dtype=np.int64)
+    block = _new(np.int64(_BLOCK))  # np.int64: a literal argument is one more specialisation
+    per_step = w * max_size if w * max_size < n else n
+    step_samples = _new(per_step if per_step > 1 else 1)
+    step_ranks = _new(step_samples.shape[0])
+    rank_pos = _new(w)
     # Only steps that end before the data does are full; grow as needed.
-    counts = np.empty(max(4, n // 16) + w, dtype=np.int64)  # flat (step, rank)
-    pos = 0
-    n_out = 0
-    step = 0
-    block_start = -_BLOCK
+    counts = _new((n // 16 if n // 16 > 4 else 4) + w)  # flat (step, rank)
+    pos = np.int64(0)
+    n_out = np.int64(0)
+    step = np.int64(0)
+    block_start = np.int64(-_BLOCK)
     while pos < n:
         _reset(groups, w)
         rot0 = step % w  # once per step: a division per sample is measurable
-        m = 0  # samples placed in this step
+        m = np.int64(0)  # samples placed in this step
         while pos < n:
             if pos >= block_start + _BLOCK:
                 block_start = pos
-                for i in range(min(_BLOCK, n - pos)):
+                for i in range(_BLOCK if n - pos > _BLOCK else n - pos):
                     block[i] = lengths[order[pos + i]]
             ln = block[pos - block_start]
             chosen = _choose_and_place(groups, ln, w, rot0, max_tokens, max_size)
             if chosen < 0:
                 break  # every rank is closed: the step is complete
-            _place(step_samples, step_ranks, m, order[pos], chosen)
+            step_samples[m] = order[pos]
+            step_ranks[m] = chosen
             m += 1
             if m == step_samples.shape[0]:
-                step_samples, step_ranks = _grow(step_samples, step_ranks)
+                step_samples = _grow(step_samples, m, 2 * m)
+                step_ranks = _grow(step_ranks, m, 2 * m)
             pos += 1
         if (step + 1) * w > counts.shape[0]:
-            counts = _grow1(counts)
+            counts = _grow(counts, step * w, 2 * counts.shape[0])
         # Stable counting sort of the step's samples by rank.
         acc = n_out
         for r in range(w):
@@ -96,16 +104,22 @@ def greedy_steps(order, lengths, world_size, max_tokens, max_size, out):
 _CNT, _MX, _COST, _TOK, _SIZE, _XOR, _RANK_GROUP, _ACTIVE, _FREE, _META = range(10)
 
 
-@njit(cache=True)
+@_helper
 def _Groups(w):
     """Ranks grouped by batch state. Per group id (capacity W): count, max
     length, cost, tokens, size, xor of member ranks (the member itself for a
     singleton); rank -> group id; the active ids; a stack of free ids. Row
     _META holds (#active, #free)."""
-    return np.zeros((10, max(w, 2)), dtype=np.int64)
+    k = w if w > 2 else 2
+    # np.empty and loops: compiles faster than np.zeros or _zeros(...).reshape.
+    groups = np.empty((10, k), dtype=np.int64)
+    for i in range(10):
+        for j in range(k):
+            groups[i, j] = 0
+    return groups
 
 
-@njit(cache=True)
+@_helper
 def _reset(groups, w):
     """One group holding every rank with an empty batch."""
     groups[_CNT, 0] = 0
@@ -125,12 +139,12 @@ def _reset(groups, w):
     groups[_META, 1] = w - 1
 
 
-@njit(cache=True)
+@_helper
 def _cmp(a, b):
     return (a > b) - (a < b)
 
 
-@njit(cache=True)
+@_helper
 def _first_member(groups, g, rot0, w):
     """(member of group g with the smallest (rank - rot0) mod W, that rotation)."""
     if groups[_SIZE, g] == 1:
@@ -146,7 +160,7 @@ def _first_member(groups, g, rot0, w):
     return -1, -1
 
 
-@njit(cache=True)
+@_helper
 def _choose_and_place(groups, ln, w, rot0, max_tokens, max_size):
     """Place a sample of length ``ln`` on the rank with the smallest seed key.
 
@@ -159,12 +173,14 @@ def _choose_and_place(groups, ln, w, rot0, max_tokens, max_size):
     thi = tlo = groups[_TOK, g0]
     for i in range(1, ng):
         g = groups[_ACTIVE, i]
-        hi = max(hi, groups[_COST, g])
-        lo = min(lo, groups[_COST, g])
-        thi = max(thi, groups[_TOK, g])
-        tlo = min(tlo, groups[_TOK, g])
-    nhi = nlo = nthi = ntlo = 0
-    hi2 = thi2 = -1
+        v = groups[_COST, g]
+        hi = v if v > hi else hi
+        lo = v if v < lo else lo
+        v = groups[_TOK, g]
+        thi = v if v > thi else thi
+        tlo = v if v < tlo else tlo
+    nhi = nlo = nthi = ntlo = np.int64(0)
+    hi2 = thi2 = np.int64(-1)
     lo2 = tlo2 = _BIG
     for i in range(ng):
         g = groups[_ACTIVE, i]
@@ -172,31 +188,29 @@ def _choose_and_place(groups, ln, w, rot0, max_tokens, max_size):
         v = groups[_COST, g]
         if v == hi:
             nhi += k
-        else:
-            hi2 = max(hi2, v)
+        elif v > hi2:
+            hi2 = v
         if v == lo:
             nlo += k
-        else:
-            lo2 = min(lo2, v)
+        elif v < lo2:
+            lo2 = v
         v = groups[_TOK, g]
         if v == thi:
             nthi += k
-        else:
-            thi2 = max(thi2, v)
+        elif v > thi2:
+            thi2 = v
         if v == tlo:
             ntlo += k
-        else:
-            tlo2 = min(tlo2, v)
+        elif v < tlo2:
+            tlo2 = v
     # Keys per group; members differ only in the rotation.
-    best = -1
-    best_i = -1
-    best_rank = -1
-    best_rot = -1
-    b0 = b1 = b2 = b3 = b4 = b5 = b6 = 0
+    best = best_i = best_rank = best_rot = np.int64(-1)
+    b0 = b1 = b2 = b3 = b4 = b5 = b6 = np.int64(0)
     for i in range(ng):
         g = groups[_ACTIVE, i]
         c = groups[_CNT, g]
-        nm = max(groups[_MX, g], ln)
+        mx = groups[_MX, g]
+        nm = ln if ln > mx else mx
         nc = c + 1
         pt = nc * nm
         if c > 0 and (nc > max_size or pt > max_tokens):
@@ -205,15 +219,15 @@ def _choose_and_place(groups, ln, w, rot0, max_tokens, max_size):
         cr = groups[_COST, g]
         other_hi = hi2 if (cr == hi and nhi == 1) else hi
         other_lo = lo2 if (cr == lo and nlo == 1) else lo
-        k1 = max(other_hi, pc)
-        k0 = k1 - min(other_lo, pc)
+        k1 = pc if pc > other_hi else other_hi
+        k0 = k1 - (pc if pc < other_lo else other_lo)
         if best >= 0 and k0 > b0:
             continue
         k2 = pc - cr  # total cost differs across candidates by this increase only
         tr = groups[_TOK, g]
         tother_hi = thi2 if (tr == thi and nthi == 1) else thi
         tother_lo = tlo2 if (tr == tlo and ntlo == 1) else tlo
-        k3 = max(tother_hi, pt) - min(tother_lo, pt)
+        k3 = (pt if pt > tother_hi else tother_hi) - (pt if pt < tother_lo else tother_lo)
         if best >= 0:
             # Lexicographic comparison with the best key so far, written out:
             # Numba compiles 7-tuple comparisons slowly.
@@ -250,7 +264,8 @@ def _choose_and_place(groups, ln, w, rot0, max_tokens, max_size):
     # Move the rank to the group of its new state.
     r = best_rank
     c = groups[_CNT, best] + 1
-    nm = max(groups[_MX, best], ln)
+    mx = groups[_MX, best]
+    nm = ln if ln > mx else mx
     groups[_SIZE, best] -= 1
     groups[_XOR, best] ^= r
     if groups[_SIZE, best] == 0:
@@ -258,7 +273,7 @@ def _choose_and_place(groups, ln, w, rot0, max_tokens, max_size):
         ng -= 1
         groups[_FREE, groups[_META, 1]] = best
         groups[_META, 1] += 1
-    target = -1
+    target = np.int64(-1)
     for i in range(ng):
         g = groups[_ACTIVE, i]
         if groups[_CNT, g] == c and groups[_MX, g] == nm:
@@ -280,23 +295,3 @@ def _choose_and_place(groups, ln, w, rot0, max_tokens, max_size):
     groups[_RANK_GROUP, r] = target
     groups[_META, 0] = ng
     return r
-
-
-@njit(cache=True)
-def _place(step_samples, step_ranks, m, sample, rank):
-    step_samples[m] = sample
-    step_ranks[m] = rank
-
-
-@njit(cache=True)
-def _grow1(a):
-    # explicit loops: slice assignment makes Numba emit (and compile) much more code
-    out = np.empty(2 * a.shape[0], dtype=np.int64)
-    for i in range(a.shape[0]):
-        out[i] = a[i]
-    return out
-
-
-@njit(cache=True)
-def _grow(a, b):
-    return _grow1(a), _grow1(b)

@@ -14,6 +14,8 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
+from ..bucketed.common import _helper, _new
+
 _N = 624
 _M = 397
 _MASK32 = 0xFFFFFFFF
@@ -38,13 +40,13 @@ def seed_key(seed: int) -> np.ndarray:
     return np.array(words or [0], dtype=np.uint32)
 
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
 def mt_new(key):
     """MT19937 state seeded like ``random.Random(n)`` from ``seed_key(n)``.
 
     key: (k,) uint32. Returns: (625,) int64 state.
     """
-    mt = np.empty(_N + 1, dtype=np.int64)
+    mt = _new(_N + 1)
     mt[0] = 19650218
     for i in range(1, _N):
         prev = mt[i - 1]
@@ -52,7 +54,7 @@ def mt_new(key):
     i = 1
     j = 0
     klen = key.shape[0]
-    for _ in range(max(_N, klen)):
+    for _ in range(_N if klen < _N else klen):
         prev = mt[i - 1]
         mt[i] = ((mt[i] ^ (((prev ^ (prev >> 30)) * 1664525) & _MASK32)) + np.int64(key[j]) + j) & _MASK32
         i += 1
@@ -74,7 +76,7 @@ def mt_new(key):
     return mt
 
 
-@njit(cache=True)
+@_helper
 def _twist(mt):
     for kk in range(_N):
         y = (mt[kk] & _UPPER) | (mt[(kk + 1) % _N] & _LOWER)
@@ -85,8 +87,8 @@ def _twist(mt):
     mt[_N] = 0
 
 
-@njit(cache=True)
-def genrand_uint32(mt):
+@_helper
+def _genrand(mt):
     """Next tempered 32-bit word (as int64), advancing ``mt`` in place."""
     if mt[_N] >= _N:
         _twist(mt)
@@ -99,17 +101,17 @@ def genrand_uint32(mt):
     return y & _MASK32
 
 
-@njit(cache=True)
-def getrandbits(mt, k):
-    """``random.getrandbits(k)`` for 1 <= k <= 63, as int64."""
+@_helper
+def _getrandbits(mt, k):
+    """``random.getrandbits(k)`` for 1 <= k <= 63 (int64), as int64."""
     if k <= 32:
-        return genrand_uint32(mt) >> (32 - k)
-    lo = genrand_uint32(mt)
-    hi = genrand_uint32(mt) >> (64 - k)
+        return _genrand(mt) >> (32 - k)
+    lo = _genrand(mt)
+    hi = _genrand(mt) >> (64 - k)
     return lo | (hi << 32)
 
 
-@njit(cache=True)
+@_helper
 def _bit_length(n):
     k = 0
     while n:
@@ -118,19 +120,12 @@ def _bit_length(n):
     return k
 
 
-@njit(cache=True)
-def randbelow(mt, n):
-    """``random.Random._randbelow(n)`` (rejection sampling), 1 <= n < 2**63."""
-    k = _bit_length(n)
-    r = getrandbits(mt, k)
-    while r >= n:
-        r = getrandbits(mt, k)
-    return r
-
-
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
 def shuffle_slice(mt, x, lo, hi):
-    """``random.shuffle(x[lo:hi])`` in place, consuming the same stream."""
+    """``random.shuffle(x[lo:hi])`` in place, consuming the same stream.
+
+    Kernels call it with int64 lo and hi (``np.int64(0)``, not a literal 0:
+    each distinct argument-type tuple is compiled again)."""
     m = hi - lo
     if m < 2:
         return
@@ -139,9 +134,35 @@ def shuffle_slice(mt, x, lo, hi):
         # bit length of (i + 1) only shrinks as i falls
         while k > 1 and (i + 1) >> (k - 1) == 0:
             k -= 1
-        r = getrandbits(mt, k)
+        r = _getrandbits(mt, k)
         while r > i:
-            r = getrandbits(mt, k)
+            r = _getrandbits(mt, k)
         t = x[lo + i]
         x[lo + i] = x[lo + r]
         x[lo + r] = t
+
+
+# Python-callable wrappers of the helpers, for the tests (compiled only when
+# called: kernels use the helpers, which have no CPython wrapper to compile).
+
+
+@njit(cache=True, error_model="numpy")
+def genrand_uint32(mt):
+    """``_genrand``."""
+    return _genrand(mt)
+
+
+@njit(cache=True, error_model="numpy")
+def getrandbits(mt, k):
+    """``_getrandbits``."""
+    return _getrandbits(mt, np.int64(k))
+
+
+@njit(cache=True, error_model="numpy")
+def randbelow(mt, n):
+    """``random.Random._randbelow(n)`` (rejection sampling), 1 <= n < 2**63."""
+    k = _bit_length(np.int64(n))
+    r = _getrandbits(mt, k)
+    while r >= n:
+        r = _getrandbits(mt, k)
+    return r

@@ -6,13 +6,14 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
+from ..bucketed.common import _new, _zeros
 from .mt19937 import shuffle_slice
 
 _DIGIT_BITS = 11  # 2,048 buckets: the histogram stays in L1 cache
 _RADIX = 1 << _DIGIT_BITS
 
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
 def radix_argsort(keys, out, tmp):
     """Stable argsort of non-negative int64 ``keys`` into ``out``.
 
@@ -29,7 +30,7 @@ def radix_argsort(keys, out, tmp):
     for i in range(n):
         if keys[i] > kmax:
             kmax = keys[i]
-    counts = np.zeros(_RADIX, dtype=np.int64)
+    counts = _zeros(np.int64(_RADIX))  # np.int64: a literal argument is one more specialisation
     src = out
     dst = tmp
     in_tmp = False  # numba cannot compare arrays by identity, so track parity
@@ -62,7 +63,7 @@ def radix_argsort(keys, out, tmp):
             out[i] = src[i]
 
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
 def sortish_order(lengths, chunk_size, mt, out, tmp):
     """The seed's shuffled order: sort by length (stable), shuffle each chunk of
     ``chunk_size`` in place, then shuffle the order of the chunks.
@@ -74,13 +75,16 @@ def sortish_order(lengths, chunk_size, mt, out, tmp):
     radix_argsort(lengths, tmp, out)
     n_chunks = (n + chunk_size - 1) // chunk_size
     for c in range(n_chunks):
-        shuffle_slice(mt, tmp, c * chunk_size, min(n, (c + 1) * chunk_size))
-    perm = np.arange(n_chunks)
-    shuffle_slice(mt, perm, 0, n_chunks)
+        hi = (c + 1) * chunk_size
+        shuffle_slice(mt, tmp, c * chunk_size, hi if hi < n else n)
+    perm = _new(n_chunks)
+    for c in range(n_chunks):
+        perm[c] = c
+    shuffle_slice(mt, perm, np.int64(0), n_chunks)
     pos = 0
     for c in range(n_chunks):
         lo = perm[c] * chunk_size
-        hi = min(n, lo + chunk_size)
+        hi = lo + chunk_size if lo + chunk_size < n else n
         for i in range(lo, hi):
             out[pos] = tmp[i]
             pos += 1
