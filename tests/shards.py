@@ -32,10 +32,12 @@ def audio_bytes(frames: int, fmt: str, rng: np.random.Generator, channels: int =
     return buf.getvalue()
 
 
-def write_corpus(directory, sizes, seed: int = 0, prefix: str = "train") -> tuple[str, list[str], dict[str, int]]:
+def write_corpus(directory, sizes, seed: int = 0, prefix: str = "train", median: float = 0.15,
+                 longest: float = 0.6) -> tuple[str, list[str], dict[str, int]]:
     """Write ``len(sizes)`` shards, shard i holding ``sizes[i]`` samples.
 
-    Samples alternate WAV and FLAC, durations log-normal in [0.03, 0.6] s.
+    Samples alternate WAV and FLAC, durations log-normal around ``median`` s,
+    clipped to [0.03, ``longest``] s.
     Returns (brace pattern, shard paths, {key: length in frames at FPS}).
     """
     rng = np.random.default_rng(seed)
@@ -48,7 +50,7 @@ def write_corpus(directory, sizes, seed: int = 0, prefix: str = "train") -> tupl
     for i, count in enumerate(sizes):
         with wds.TarWriter(paths[i]) as sink:  # one writer per shard: exact per-shard sizes, empty shards too
             for _ in range(count):
-                frames = int(np.clip(np.exp(rng.normal(np.log(0.15), 0.6)), 0.03, 0.6) * SAMPLE_RATE)
+                frames = int(np.clip(np.exp(rng.normal(np.log(median), 0.6)), 0.03, longest) * SAMPLE_RATE)
                 fmt = "flac" if n % 2 else "wav"
                 key = f"{prefix}/s{n:07d}"
                 duration = frames / SAMPLE_RATE

@@ -11,7 +11,8 @@ exactly the rank's slice when a shard-affine plan cuts a shard between
 ranks, and a single sample for a stray one; one GET each. Pieces stay one
 window longer than their window, because a window's last partial step is
 carried into the next window's plan: its samples are read from the pieces
-that already hold them.
+that already hold them (a shard-affine piece covers the rank's whole rows,
+carried samples included, and is held on while one is carried again).
 
 The seam with planning is small: per window it uses the plan's batches for
 this rank (``win.plan.batch(step, rank)``), the sample -> shard map
@@ -79,20 +80,29 @@ class RemoteWindowReader:
 
     def _plan(self, win, kept: dict[int, list[ShardRef]]):
         """(this worker's pieces in need order, {piece: consumers}, [(shard,
-        piece)] of the rank) of a window; samples in ``kept`` pieces need none."""
+        piece)] of the rank) of a window; samples in ``kept`` pieces need none.
+        A shard-affine window's pieces cover the rank's rows whole, with the
+        samples it holds but carries into the next window untrained (else
+        each would cost a ranged read of its own in the next window)."""
         lo, hi = win.first_step, win.first_step + win.num_steps
         base = self.start - self.worker
         per_worker = [step_samples(win, self.rank, worker_steps(lo, hi, max(0, base + w), self.stride))
                       for w in range(self.stride)]
         needed = np.unique(np.concatenate(per_worker)) if per_worker else np.zeros(0, np.int64)
         shards = win.shard_ids[needed]
+        locs = win.local[needed]
+        if win.reads is not None and needed.size:  # (a window replayed before a resume reads nothing)
+            rows = win.reads[win.reads[:, 0] == self.rank]
+            n = rows[:, 3] - rows[:, 2]
+            held = np.arange(int(n.sum()), dtype=np.int64) - np.repeat(np.cumsum(n) - n - rows[:, 2], n)
+            shards, locs = np.concatenate([shards, np.repeat(rows[:, 1], n)]), np.concatenate([locs, held])
         pieces: list[tuple[int, ShardRef]] = []
         owner: dict[tuple[int, int], ShardRef] = {}  # (shard, local) -> piece
         for s in np.unique(shards).tolist():
             if not self.is_remote(s):
                 continue
             _, offsets, sizes = self._table(s)
-            loc = np.unique(win.local[needed[shards == s]])
+            loc = np.unique(locs[shards == s])
             offs, ends = offsets[loc], offsets[loc] + sizes[loc]
             order = np.argsort(offs, kind="stable")
             whole = self.refs(s)
@@ -139,9 +149,19 @@ class RemoteWindowReader:
         while len(self._held) >= 2:
             self._release(self._held.pop(0))
         kept = {s: list(ps) for s, ps in self._pieces.items()}
+        carry = self._carry(nxt)
         order, consumers, pieces = self._plan(win, kept)
         tag = f"e{epoch}w{win.index}"
-        self._held.append([(p, tag, consumers[p]) for _, p in pieces])
+        group = [(p, tag, consumers[p]) for _, p in pieces]
+        if carry is not None:
+            # A sample carried on again (it came into this window and goes on to the next) stays in the
+            # earlier window's piece: that piece is held one more window instead of being fetched again.
+            still = {p for s, j in zip(*carry) for p in kept.get(int(s), ())
+                     if p.start <= self._table(int(s))[1][j] < p.end}
+            for held in self._held:
+                group += [x for x in held if x[0] in still]
+                held[:] = [x for x in held if x[0] not in still]
+        self._held.append(group)
         for s, p in pieces:
             self._pieces.setdefault(s, []).append(p)
         upcoming = list(order)
@@ -149,6 +169,13 @@ class RemoteWindowReader:
             nkept = {s: list(ps) for s, ps in self._pieces.items()}
             upcoming += self._plan(nxt, nkept)[0]
         self.cache.schedule(upcoming)
+
+    def _carry(self, nxt) -> tuple[np.ndarray, np.ndarray] | None:
+        """(shards, locals) of the samples this rank holds that ``nxt`` carries in, or None."""
+        if nxt is None or nxt.holder is None or not nxt.n_carried:
+            return None
+        mine = np.flatnonzero(nxt.holder[:nxt.n_carried] == self.rank)
+        return (nxt.shard_ids[mine], nxt.local[mine]) if mine.size else None
 
     def shard_table(self, shard: int):
         """(keys, offsets, sizes) of a remote shard, read once per window."""
