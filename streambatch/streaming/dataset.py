@@ -37,6 +37,7 @@ from .dataset_setup import (
     warm_up,
 )
 from .dataset_state import StateMixin
+from .failures import open_channel
 from .position import SharedState
 from .remote import RetryPolicy
 from .remote_io import RemoteIO, check_identity
@@ -195,6 +196,8 @@ class StreamingBatches(StateMixin, ReadingMixin, IterableDataset):
         elif failure is not None:
             raise failure
         self.world_size = world
+        # a fatal read error mid-epoch reaches every rank through torch.distributed's store (failures.py)
+        self._failures = open_channel(self.fingerprint, self.rank, world)
         self.decode = decode_audio if decode == "audio" else decode
         self.collate_fn = collate_fn
         self.on_error = on_error

@@ -15,6 +15,7 @@ from torch.utils.data import get_worker_info
 from ..planners.elastic import Segments
 from .catalog import Catalog
 from .errors import ShardError
+from .failures import FailureChannel
 from .position import SharedState
 from .reader import LocalReader, is_local
 from .remote_io import RemoteIO, lookahead
@@ -44,6 +45,7 @@ class ReadingMixin:
     _pos: dict[str, Any] | None
     _local_resume: dict[str, Any] | None
     _slot: int
+    _failures: FailureChannel | None
 
     if TYPE_CHECKING:
         @property
@@ -83,6 +85,7 @@ class ReadingMixin:
         remote = self.remote.reader(self.catalog, self.rank, info.id if info is not None else 0, stride, start)
         total = 0
         tables: dict[int, Any] = {}  # shard -> (keys, offsets, sizes), or the ShardError reading it
+        failures = getattr(self, "_failures", None)  # (datasets pickled before it existed)
         try:
             for win, nxt in lookahead(self._windows(epoch, segments), remote is not None):
                 lo, hi = win.first_step, win.first_step + win.num_steps
@@ -116,12 +119,20 @@ class ReadingMixin:
                              if x is not None]
                     pos["step"] = s + stride
                     self.bytes_read = reader.bytes_read + (remote.bytes_read if remote is not None else 0)
+                    if failures is not None:
+                        failures.check(epoch)  # another rank failed: stop too, rather than train on and hang
                     yield self.collate_fn(batch) if self.collate_fn is not None else batch
             if remote is not None:
                 remote.leave()
             if start > total + limit:
                 raise ValueError(f"resuming at step {start} of epoch {epoch}, which has only {total} steps: the "
                                  "state or start batch does not belong to this dataset")
+            if failures is not None:
+                failures.finish(epoch, stride)  # hear of a failure later in another rank's pass
+        except Exception as exc:
+            if failures is not None:
+                failures.report(epoch, exc)
+            raise
         finally:
             self.bytes_read = reader.bytes_read + (remote.bytes_read if remote is not None else 0)
             reader.close()
