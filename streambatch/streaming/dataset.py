@@ -112,8 +112,9 @@ class StreamingBatches(StateMixin, ReadingMixin, IterableDataset):
         all-reduce a fingerprint of shards, sidecars and config at
         construction and raise on every rank if any rank differs or failed
         to build its dataset, and share a fatal read error mid-epoch with every
-        rank (``failures.py``: the process group's TCPStore, no collective); a main-process ``load_state_dict`` checks the
-        same way that all ranks resume at the same position. No other
+        rank (``failures.py``: the process group's TCPStore, no collective);
+        a main-process ``load_state_dict`` checks the same way that all ranks
+        resume at the same position. No other
         collectives, none in DataLoader workers. ``"full"`` also re-hashes
         every shard and compares it with the content digest taken when it was
         indexed (catches any edit; reads every byte once), instead of the cheap
