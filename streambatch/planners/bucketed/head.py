@@ -103,25 +103,30 @@ def _take_head(order, slen, p, w, sizes, costs, k, chosen):
         mark[out] = 0
         mark[b] = 1
     span = 0
+    used = 0
     for b in range(k):
         span += sizes[b]
+        used += mark[b] * sizes[b]
+    # One pass, chosen batches to buf[:used] and the others after them (not
+    # a pass for each: LLVM unrolls a two-round loop into two copies).
     buf = _new(2 * span)
-    at = 0
+    to_chosen = 0
+    to_other = used
     j = 0
-    used = 0
-    for rnd in range(2):  # chosen batches first, then the others
-        start = p
-        for b in range(k):
-            if mark[b] == 1 - rnd:
-                for i in range(start, start + sizes[b]):
-                    buf[at] = order[i]
-                    buf[span + at] = slen[i]
-                    at += 1
-                if rnd == 0:
-                    chosen[j] = sizes[b]
-                    used += sizes[b]
-                    j += 1
-            start += sizes[b]
+    start = p
+    for b in range(k):
+        at = to_chosen if mark[b] == 1 else to_other
+        for i in range(start, start + sizes[b]):
+            buf[at] = order[i]
+            buf[span + at] = slen[i]
+            at += 1
+        if mark[b] == 1:
+            chosen[j] = sizes[b]
+            j += 1
+            to_chosen = at
+        else:
+            to_other = at
+        start += sizes[b]
     for i in range(span):
         order[p + i] = buf[i]
         slen[p + i] = buf[span + i]

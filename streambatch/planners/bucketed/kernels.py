@@ -34,7 +34,7 @@ _SETTLED = 0.995  # a greedy step this balanced is taken without trying other la
 _SPARSE = 0.9  # a descending step less balanced than this spans sparse long samples
 
 
-@njit(cache=True, error_model="numpy")
+@njit(cache=True, no_cfunc_wrapper=True, error_model="numpy")
 def plan_steps(order, slen, w, max_tokens, max_size, ca, cb, max_cost, descending, finish, drop_last, shuffle,
                key, first_step, out):
     """Lay bucket-sorted samples out as global steps of W batches.
@@ -83,13 +83,14 @@ def plan_steps(order, slen, w, max_tokens, max_size, ca, cb, max_cost, descendin
     counts = _zeros((n // (w * 16) + 4) * w)
     # Scratch: sizes and longest sample of candidate layout c in
     # sizes[c * W:(c + 1) * W], maxes[...]; where each candidate ends.
-    work = _new((15 + 2 * POOL) * w + 6)
-    sizes = work[: 7 * w]
-    maxes = work[7 * w : 14 * w]
-    cur = work[14 * w : 15 * w]
-    pool_sizes = work[15 * w : (15 + POOL) * w]
-    pool_costs = work[(15 + POOL) * w : (15 + 2 * POOL) * w]
-    ends = work[(15 + 2 * POOL) * w :]
+    # Helpers get an offset (c * W) into these, never a slice (see
+    # ``common.py``).
+    sizes = _new(7 * w)
+    maxes = _new(7 * w)
+    cur = _new(w)
+    pool_sizes = _new(POOL * w)
+    pool_costs = _new(POOL * w)
+    ends = _new(np.int64(6))
     # With one rank there is nothing to balance: capped variants and deals
     # reduce to plain contiguous batches.
     n_contig = 3 if w > 1 else 1
@@ -136,12 +137,11 @@ def plan_steps(order, slen, w, max_tokens, max_size, ca, cb, max_cost, descendin
                     pct = 98 if c == 1 else 95
                     held = cheapest + cheapest // pct * (100 - pct)
                     limit = held if held < max_cost else max_cost
-                sz = sizes[c * w : (c + 1) * w]
-                mx = maxes[c * w : (c + 1) * w]
-                end, complete, real = _contiguous(slen, p, w, max_tokens, max_size, ca, cb, limit, sz, mx)
+                end, complete, real = _contiguous(slen, p, w, max_tokens, max_size, ca, cb, limit, sizes, maxes,
+                                                  c * w)
                 ends[c] = end
                 if complete:
-                    rate, balance = _waste_rate(sz, mx, real, w, max_tokens, max_size, ca, cb, max_cost,
+                    rate, balance = _waste_rate(sizes, maxes, c * w, real, w, max_tokens, max_size, ca, cb, max_cost,
                                                 cost_limited)
                     if rate < best_rate:
                         best_rate = rate
@@ -170,7 +170,7 @@ def plan_steps(order, slen, w, max_tokens, max_size, ca, cb, max_cost, descendin
                     k = _head_pool(slen, p, w, max_tokens, max_size, ca, cb, lone if lone < max_cost else max_cost,
                                    not outlier, pool_sizes, pool_costs)
                     if k > 0:
-                        _take_head(order, slen, p, w, pool_sizes, pool_costs, k, sizes[:w])
+                        _take_head(order, slen, p, w, pool_sizes, pool_costs, k, sizes)
                         best = 0
                         head = True
             in_head = head
@@ -183,11 +183,9 @@ def plan_steps(order, slen, w, max_tokens, max_size, ca, cb, max_cost, descendin
                         bc = b if c == 3 else b_narrow
                         if bc > 0 and (complete or bc < b):
                             ends[c] = p + w * bc
-                            sz = sizes[c * w : (c + 1) * w]
-                            mx = maxes[c * w : (c + 1) * w]
-                            real = _deal_stats(slen, p, ends[c], w, sz, mx)
-                            rate, balance = _waste_rate(sz, mx, real, w, max_tokens, max_size, ca, cb, max_cost,
-                                                        cost_limited)
+                            real = _deal_stats(slen, p, ends[c], w, sizes, maxes, c * w)
+                            rate, balance = _waste_rate(sizes, maxes, c * w, real, w, max_tokens, max_size, ca, cb,
+                                                        max_cost, cost_limited)
                             if rate < best_rate:
                                 best_rate = rate
                                 best_balance = balance
@@ -198,11 +196,9 @@ def plan_steps(order, slen, w, max_tokens, max_size, ca, cb, max_cost, descendin
                     # unit of work alone, not budget use (slot 5), if a full
                     # step would remain after it (a smaller step here would
                     # leave more to the final steps, dealt over wider lengths).
-                    sz = sizes[best * w : (best + 1) * w]
-                    mx = maxes[best * w : (best + 1) * w]
                     end = _sparse_cap(slen, p, w, max_tokens, max_size, ca, cb, top if top < max_cost else max_cost,
-                                      lone, _time_rate(slen, p, ends[best], sz, mx, w, ca, cb), sizes[5 * w :],
-                                      maxes[5 * w :])
+                                      lone, _time_rate(slen, p, ends[best], sizes, maxes, best * w, w, ca, cb),
+                                      sizes, maxes, 5 * w)
                     if end >= 0 and n - end >= ends[0] - p:
                         best = 5
                         ends[5] = end
@@ -219,7 +215,7 @@ def plan_steps(order, slen, w, max_tokens, max_size, ca, cb, max_cost, descendin
                 h = np.int64(-1)
                 if near_end and not drop_last:
                     h = _finish_split(slen, p, w, max_tokens, max_size, ca, cb, max_cost, cost_limited,
-                                      sizes[:w], maxes[:w])
+                                      sizes, maxes)
                 if h > 0:  # one or two final steps, dealt
                     best = 3
                     ends[3] = p + h
@@ -229,17 +225,16 @@ def plan_steps(order, slen, w, max_tokens, max_size, ca, cb, max_cost, descendin
                         break
                     best = 3  # nothing completes a step nor fits in two: deal what fits, then go on
                     ends[3] = p + w * b
-        row = counts[step * w : (step + 1) * w]
         if best == 3 or best == 4:
-            n_out = _write_deal(order, p, ends[best], w, rot, out, n_out, row, cur)
+            n_out = _write_deal(order, p, ends[best], w, rot, out, n_out, counts, step * w, cur)
             p = ends[best]
         else:
-            n_out, p = _write_contiguous(order, p, sizes[best * w : (best + 1) * w], w, rot, out, n_out, row, cur)
+            n_out, p = _write_contiguous(order, p, sizes, best * w, w, rot, out, n_out, counts, step * w, cur)
         step += 1
     return counts, step, n_out, p
 
 
-@njit(cache=True, error_model="numpy")
+@njit(cache=True, no_cfunc_wrapper=True, error_model="numpy")
 def step_permutation(n_steps, key):
     """(n_steps,) int64 Fisher-Yates permutation drawn from ``key``."""
     perm = _new(n_steps)
@@ -253,7 +248,7 @@ def step_permutation(n_steps, key):
     return perm
 
 
-@njit(cache=True, error_model="numpy")
+@njit(cache=True, no_cfunc_wrapper=True, error_model="numpy")
 def deal_rank(t, m, w):
     """``_deal_rank`` callable from Python (tests)."""
     return _deal_rank(np.int64(t), np.int64(m), np.int64(w))
@@ -263,7 +258,7 @@ def deal_rank(t, m, w):
 # only when called).
 
 
-@njit(cache=True, error_model="numpy")
+@njit(cache=True, no_cfunc_wrapper=True, error_model="numpy")
 def head_step(order, slen, p, w, max_tokens, max_size, code, q, cap, long_only):
     """One head step from order/slen[p:] (``_head_pool``, ``_take_head``):
     ((W,) int64 sizes of the chosen batches, samples they hold), 0 samples
@@ -279,18 +274,18 @@ def head_step(order, slen, p, w, max_tokens, max_size, code, q, cap, long_only):
     return chosen, used
 
 
-@njit(cache=True, error_model="numpy")
+@njit(cache=True, no_cfunc_wrapper=True, error_model="numpy")
 def sparse_layout(slen, p, w, max_tokens, max_size, code, q, top, lone, rate):
     """``_sparse_cap``: (end or -1, (W,) sizes, (W,) longest) of the chosen layout."""
     ca, cb = _coefficients(code, q)
     sizes = _zeros(2 * w)
     maxes = _zeros(2 * w)
-    end = _sparse_cap(slen, p, w, max_tokens, max_size, ca, cb, top, lone, rate, sizes, maxes)
+    end = _sparse_cap(slen, p, w, max_tokens, max_size, ca, cb, top, lone, rate, sizes, maxes, np.int64(0))
     return end, sizes[:w], maxes[:w]
 
 
-@njit(cache=True, error_model="numpy")
+@njit(cache=True, no_cfunc_wrapper=True, error_model="numpy")
 def time_rate(slen, p, end, sizes, maxes, w, code, q):
     """``_time_rate``."""
     ca, cb = _coefficients(code, q)
-    return _time_rate(slen, p, end, sizes, maxes, w, ca, cb)
+    return _time_rate(slen, p, end, sizes, maxes, np.int64(0), w, ca, cb)

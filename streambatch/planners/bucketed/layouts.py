@@ -17,12 +17,13 @@ _NARROW = 20  # a narrow deal spans at most 1 + 1/_NARROW in length
 
 
 @_helper
-def _contiguous(slen, p, w, max_tokens, max_size, ca, cb, limit, sizes, maxes):
+def _contiguous(slen, p, w, max_tokens, max_size, ca, cb, limit, sizes, maxes, off):
     """W batches of consecutive samples from ``p``, each filled until the next
     sample would break the size cap, token budget or cost ``limit``.
 
-    Fills sizes/maxes (W,). Returns (end, complete, real tokens): complete is
-    False when the data ran out before the W-th batch was closed by a limit.
+    Fills sizes/maxes[off:off + W]. Returns (end, complete, real tokens):
+    complete is False when the data ran out before the W-th batch was closed
+    by a limit.
     """
     n = slen.shape[0]
     pos = p
@@ -45,21 +46,22 @@ def _contiguous(slen, p, w, max_tokens, max_size, ca, cb, limit, sizes, maxes):
             mx = nm
             real += ln
             pos += 1
-        sizes[r] = cnt
-        maxes[r] = mx
+        sizes[off + r] = cnt
+        maxes[off + r] = mx
         if not closed and r == w - 1:
             return pos, False, real
     return pos, True, real
 
 
 @_helper
-def _time_rate(slen, p, end, sizes, maxes, w, ca, cb):
-    """Rank time per unit of work of W batches of slen[p:end]: W x the
-    costliest batch over what its samples cost alone (no padding, perfect
-    balance), so 1 is ideal. inf when the samples cost nothing."""
+def _time_rate(slen, p, end, sizes, maxes, off, w, ca, cb):
+    """Rank time per unit of work of the W batches sizes/maxes[off:off + W]
+    of slen[p:end]: W x the costliest batch over what its samples cost alone
+    (no padding, perfect balance), so 1 is ideal. inf when the samples cost
+    nothing."""
     top = np.int64(0)
     for r in range(w):
-        c = _cost(ca, cb, sizes[r], maxes[r])
+        c = _cost(ca, cb, sizes[off + r], maxes[off + r])
         top = c if c > top else top
     work = 0.0
     for i in range(p, end):
@@ -68,7 +70,7 @@ def _time_rate(slen, p, end, sizes, maxes, w, ca, cb):
 
 
 @_helper
-def _sparse_cap(slen, p, w, max_tokens, max_size, ca, cb, top, lone, rate, sizes, maxes):
+def _sparse_cap(slen, p, w, max_tokens, max_size, ca, cb, top, lone, rate, sizes, maxes, off):
     """Where long samples are sparse (slen descending), a step of contiguous
     batches spans a wide range of lengths and its first batches cost far
     more than its last. Try holding every batch to a cost limit, from top
@@ -77,7 +79,8 @@ def _sparse_cap(slen, p, w, max_tokens, max_size, ca, cb, top, lone, rate, sizes
     keep the limit with the least ``_time_rate`` if below ``rate`` (the
     layout chosen so far's).
 
-    sizes, maxes: (2W,) scratch; the chosen layout is left in [:W]. Returns
+    sizes, maxes[off:off + 2W]: scratch; the chosen layout is left in the
+    first W. Returns
     its end, or -1 when no limit does better.
     """
     best_end = np.int64(-1)
@@ -86,18 +89,16 @@ def _sparse_cap(slen, p, w, max_tokens, max_size, ca, cb, top, lone, rate, sizes
         limit = limit - limit // 20 - 1
         if limit < lone:
             break
-        sz = sizes[w:]
-        mx = maxes[w:]
-        end, complete, real = _contiguous(slen, p, w, max_tokens, max_size, ca, cb, limit, sz, mx)
+        end, complete, real = _contiguous(slen, p, w, max_tokens, max_size, ca, cb, limit, sizes, maxes, off + w)
         if not complete:
             break
-        r = _time_rate(slen, p, end, sz, mx, w, ca, cb)
+        r = _time_rate(slen, p, end, sizes, maxes, off + w, w, ca, cb)
         if r < rate:
             rate = r
             best_end = end
-            for j in range(w):
-                sizes[j] = sz[j]
-                maxes[j] = mx[j]
+            for j in range(off, off + w):
+                sizes[j] = sizes[j + w]
+                maxes[j] = maxes[j + w]
     return best_end
 
 
@@ -157,16 +158,17 @@ def _deal_rank(t, m, w):
 
 
 @_helper
-def _deal_stats(slen, lo, hi, w, sizes, maxes):
+def _deal_stats(slen, lo, hi, w, sizes, maxes, off):
     """Sizes and longest sample per slot of dealing slen[lo:hi] from its end
-    (the longest, when slen ascends). Returns the real tokens."""
+    (the longest, when slen ascends) into sizes/maxes[off:off + W]. Returns
+    the real tokens."""
     m = hi - lo
     real = 0
-    for r in range(w):
+    for r in range(off, off + w):
         sizes[r] = 0
         maxes[r] = 0
     for t in range(m):
-        r = _deal_rank(t, m, w)
+        r = off + _deal_rank(t, m, w)
         ln = np.int64(slen[hi - 1 - t])
         real += ln
         sizes[r] += 1
@@ -176,8 +178,9 @@ def _deal_stats(slen, lo, hi, w, sizes, maxes):
 
 
 @_helper
-def _waste_rate(sizes, maxes, real, w, max_tokens, max_size, ca, cb, max_cost, cost_limited):
-    """Weighted tokens wasted per real token, summing padding, straggler time
+def _waste_rate(sizes, maxes, off, real, w, max_tokens, max_size, ca, cb, max_cost, cost_limited):
+    """Weighted tokens wasted per real token of the W batches
+    sizes/maxes[off:off + W], summing padding, straggler time
     (padded tokens x (1 - balance)) and the unused capacity of batches below
     their limit (budget, size cap or cost cap, whichever binds)."""
     padded = 0.0
@@ -187,7 +190,7 @@ def _waste_rate(sizes, maxes, real, w, max_tokens, max_size, ca, cb, max_cost, c
     # Not ``if cost_limited`` in the loop: LLVM would unswitch the loop on
     # it (two copies of its body); a 0/1 factor compiles once, same values.
     by_cost = 1.0 if cost_limited else 0.0
-    for r in range(w):
+    for r in range(off, off + w):
         tok = float(sizes[r] * maxes[r])
         c = float(_cost(ca, cb, sizes[r], maxes[r]))
         padded += tok
@@ -221,10 +224,10 @@ def _finish_split(slen, p, w, max_tokens, max_size, ca, cb, max_cost, cost_limit
     longest taken as the step's longest."""
     n = slen.shape[0]
     m = n - p
-    work = _new(3 * (m + 1))
-    pre = work[: m + 1]  # longest and total of the first i samples
-    tot = work[m + 1 : 2 * (m + 1)]
-    suf = work[2 * (m + 1) :]  # longest of slen[p+i:]
+    # Three arrays, not views of one: slices cost more to compile.
+    pre = _new(m + 1)  # longest and total of the first i samples
+    tot = _new(m + 1)
+    suf = _new(m + 1)  # longest of slen[p+i:]
     pre[0] = 0
     tot[0] = 0
     for i in range(m):
@@ -255,7 +258,7 @@ def _finish_split(slen, p, w, max_tokens, max_size, ca, cb, max_cost, cost_limit
                     for r in range(w):
                         sizes[r] = cnt // w + (1 if r < cnt % w else 0)
                         maxes[r] = mx
-                    rate += _waste_rate(sizes, maxes, real, w, max_tokens, max_size, ca, cb, max_cost,
+                    rate += _waste_rate(sizes, maxes, np.int64(0), real, w, max_tokens, max_size, ca, cb, max_cost,
                                         cost_limited)[0] * real
                 if rate < best_rate:
                     best_rate = rate
@@ -265,19 +268,19 @@ def _finish_split(slen, p, w, max_tokens, max_size, ca, cb, max_cost, cost_limit
 
 
 @_helper
-def _write_deal(order, lo, hi, w, rot, out, at, row, cur):
+def _write_deal(order, lo, hi, w, rot, out, at, counts, row, cur):
     """Deal order[lo:hi] as ``_deal_stats`` does; slot j goes to rank
-    (j + rot) % W. Writes rank-major into out[at:], sizes into row (W,);
-    cur: (W,) scratch. Returns the new end of out."""
+    (j + rot) % W. Writes rank-major into out[at:], sizes into
+    counts[row:row + W]; cur: (W,) scratch. Returns the new end of out."""
     m = hi - lo
     for r in range(w):
-        row[r] = 0
+        counts[row + r] = 0
     for t in range(m):
-        row[(_deal_rank(t, m, w) + rot) % w] += 1
+        counts[row + (_deal_rank(t, m, w) + rot) % w] += 1
     acc = at
     for r in range(w):
         cur[r] = acc
-        acc += row[r]
+        acc += counts[row + r]
     for t in range(m):
         r = (_deal_rank(t, m, w) + rot) % w
         out[cur[r]] = order[hi - 1 - t]
@@ -286,19 +289,19 @@ def _write_deal(order, lo, hi, w, rot, out, at, row, cur):
 
 
 @_helper
-def _write_contiguous(order, p, sizes, w, rot, out, at, row, cur):
-    """Slot j's batch is the next sizes[j] samples from p; it goes to rank
-    (j + rot) % W. Returns (new end of out, new p)."""
+def _write_contiguous(order, p, sizes, off, w, rot, out, at, counts, row, cur):
+    """Slot j's batch is the next sizes[off + j] samples from p; it goes to
+    rank (j + rot) % W, its size to counts[row + rank]. Returns (new end of out, new p)."""
     for j in range(w):
-        row[(j + rot) % w] = sizes[j]
+        counts[row + (j + rot) % w] = sizes[off + j]
     acc = at
     for r in range(w):
         cur[r] = acc
-        acc += row[r]
+        acc += counts[row + r]
     for j in range(w):
         r = (j + rot) % w
         at = cur[r]
-        for i in range(sizes[j]):  # explicit loop: slice assignment compiles slowly
+        for i in range(sizes[off + j]):  # explicit loop: slice assignment compiles slowly
             out[at + i] = order[p + i]
-        p += sizes[j]
+        p += sizes[off + j]
     return acc, p

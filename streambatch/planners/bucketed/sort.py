@@ -71,7 +71,7 @@ def _scatter_by_bucket(idx, lengths, edges, table, start, order, slen):
         start[b] = at + 1
 
 
-@njit(cache=True, error_model="numpy")
+@njit(cache=True, no_cfunc_wrapper=True, error_model="numpy")
 def bucket_sort(lengths, edges, table, key, shuffle, max_tokens, max_size, order, slen, tmp_idx, tmp_len):
     """Order samples by length bucket, shuffled within each bucket, so that
     steps laid out from both ends meet where lengths are densest.
