@@ -113,10 +113,14 @@ def check_quotas(ranks, ds, mix_corpus, epoch):
 
 
 @pytest.mark.parametrize("world, workers", [(2, 2), (3, 0)])
-def test_mixed_sources_over_http(mix_corpus, mix_nginx, mix_http, tmp_path, world, workers):
+def test_mixed_sources_over_http(mix_corpus, mix_nginx, mix_http, tmp_path, world, workers, caplog):
     urls, idxs = mix_http
     mix_nginx.clear_log()
-    got, ds = mix_epoch(urls, idxs, world, 0, str(tmp_path), workers=workers, prefetch_shards=2)
+    with caplog.at_level("WARNING", logger="streambatch.streaming"):
+        got, ds = mix_epoch(urls, idxs, world, 0, str(tmp_path), workers=workers, prefetch_shards=2)
+    # a retry (a socket timeout on a loaded machine: seen once in CI) is one more GET, resuming at the byte
+    # reached; counted here when this process reads (workers=0: their log records reach caplog)
+    retries = sum("retrying shard" in r.getMessage() for r in caplog.records)
     assert ds.config.read_mode == "shard"  # the default for remote sources
     assert len({len(r) for r in got}) == 1
     assert got == local_mix(mix_corpus, world, 0)
@@ -130,9 +134,9 @@ def test_mixed_sources_over_http(mix_corpus, mix_nginx, mix_http, tmp_path, worl
         planned += len(rows)
         new = win.shard_ids[win.n_carried:]
         bound += len(set(new.tolist())) + len(WEIGHTS) * (world - 1)
-    assert sum(gets.values()) <= min(planned, bound), (sum(gets.values()), planned, bound)
+    assert sum(gets.values()) <= min(planned, bound) + retries, (sum(gets.values()), planned, bound, retries)
     windows = len(list(ds._windows(0)))
-    assert max(gets.values()) <= world * 2 + windows, gets  # few GETs per shard
+    assert max(gets.values()) <= world * 2 + windows + retries, gets  # few GETs per shard
     assert not [f for _, _, fs in os.walk(tmp_path) for f in fs if f.endswith(".data")]  # evicted
 
 

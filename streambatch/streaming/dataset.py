@@ -111,9 +111,7 @@ class StreamingBatches(StateMixin, ReadingMixin, IterableDataset):
     verify: when ``torch.distributed`` is initialised and world_size > 1,
         all-reduce a fingerprint of shards, sidecars and config at
         construction and raise on every rank if any rank differs or failed
-        to build its dataset, and share a fatal read error mid-epoch with every
-        rank (``failures.py``: the process group's TCPStore, no collective);
-        a main-process ``load_state_dict`` checks the same way that all ranks
+        to build its dataset; a main-process ``load_state_dict`` checks the same way that all ranks
         resume at the same position. No other
         collectives, none in DataLoader workers. ``"full"`` also re-hashes
         every shard and compares it with the content digest taken when it was
@@ -198,9 +196,8 @@ class StreamingBatches(StateMixin, ReadingMixin, IterableDataset):
         elif failure is not None:
             raise failure
         self.world_size = world
-        # a fatal read error mid-epoch reaches every rank through torch.distributed's store (failures.py);
-        # verify=False turns this off with the other cross-rank checks
-        self._failures = open_channel(self.fingerprint, self.rank, world) if self.verify else None
+        # a fatal read error mid-epoch reaches every rank through torch.distributed's store (failures.py)
+        self._failures = open_channel(self.fingerprint, self.rank, world)
         self.decode = decode_audio if decode == "audio" else decode
         self.collate_fn = collate_fn
         self.on_error = on_error

@@ -53,6 +53,7 @@ class FailureChannel:
     wait: float = 300.0
     _store: Any = field(default=None, repr=False, compare=False)
     _pid: int = field(default=0, repr=False, compare=False)
+    _off: bool = field(default=False, repr=False, compare=False)  # the store went away (``_lost``)
 
     def __getstate__(self) -> dict[str, Any]:
         return {**self.__dict__, "_store": None, "_pid": 0}  # a socket does not travel to a worker
@@ -62,7 +63,7 @@ class FailureChannel:
             import torch.distributed as dist
 
             self._store = dist.TCPStore(self.host, self.port, is_master=False, wait_for_workers=False,
-                                        timeout=timedelta(seconds=30))
+                                        timeout=timedelta(seconds=10))
             self._pid = os.getpid()
         return self._store
 
@@ -80,33 +81,51 @@ class FailureChannel:
         except Exception as err:  # the rank's own error still surfaces
             log.warning("could not tell the other ranks of this read failure: %r", err)
 
+    def _lost(self, err: BaseException) -> None:
+        # The store lives in rank 0's process: unreachable means rank 0 has
+        # exited or its group was destroyed (a job ending, a test's old world
+        # stopping at a checkpoint). That is no read failure, and any real
+        # collective fails on its own, so this process stops listening instead
+        # of inventing an error.
+        if not self._off:
+            log.warning("rank %d: the torch.distributed store at %s:%d is gone (%r); other ranks' read failures "
+                        "are no longer heard in this process", self.rank, self.host, self.port, err)
+        self._off, self._store = True, None
+
     def check(self, epoch: int) -> None:
         """Raise a ``ForeignFailure`` if any rank's pass over ``epoch`` failed."""
+        if self._off:
+            return
         key = self._key(epoch, "failed")
         try:
             failed = self._client().check([key])
             message = self._client().get(key).decode("utf-8", "replace") if failed else ""
         except Exception as err:
-            self._store = None
-            raise ForeignFailure(f"rank {self.rank}: cannot reach the torch.distributed store at "
-                                 f"{self.host}:{self.port} to hear of other ranks' read failures: {err!r}") from err
+            self._lost(err)
+            return
         if failed:
             raise ForeignFailure(f"{message} (rank {self.rank} stops too)")
 
     def finish(self, epoch: int, passes: int) -> None:
         """At the end of a pass (one of ``passes`` per rank: its DataLoader workers): wait until every
         rank's passes have ended or one failed (then raise), for at most ``wait`` seconds."""
+        if self._off:
+            return
         try:
             ended = self._client().add(self._key(epoch, f"ended{passes}"), 1)
         except Exception as err:
-            log.warning("could not tell the other ranks that this pass ended: %r", err)
+            self._lost(err)
             return
         group = self.world_size * passes
         target = -(-ended // group) * group  # this round of passes over the epoch (an epoch may be re-read)
         deadline, pause = time.monotonic() + self.wait, 0.01
         while True:
             self.check(epoch)
-            if self._client().add(self._key(epoch, f"ended{passes}"), 0) >= target:
+            try:
+                if self._off or self._client().add(self._key(epoch, f"ended{passes}"), 0) >= target:
+                    return
+            except Exception as err:
+                self._lost(err)
                 return
             if time.monotonic() > deadline:
                 log.warning("rank %d: other ranks' passes over epoch %d had not ended after %.0f s; going on",
