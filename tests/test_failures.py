@@ -84,6 +84,8 @@ def test_healthy_rank_stops_within_a_batch_of_the_failure(corpus, store):
         next(healthy)
 
 
+# slow tier: forked DataLoader workers and a polling wait (~3 s)
+@pytest.mark.slow
 def test_rank_that_finished_early_hears_of_a_late_failure(corpus, store):
     bad = only_rank1_shard(corpus)
     errors: list[str] = []

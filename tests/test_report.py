@@ -102,6 +102,8 @@ def test_bars_and_widths():
     assert [nice_width(s, 10) for s in (5, 64, 123, 1476, 99_000)] == [1, 10, 20, 200, 10_000]
 
 
+# slow tier: matplotlib renders three figures (~2 s)
+@pytest.mark.slow
 def test_figures_are_written(tmp_path):
     pytest.importorskip("matplotlib")
     lengths = np.random.default_rng(2).integers(20, 900, 3000)
