@@ -50,7 +50,11 @@ class FailureChannel:
     namespace: str
     rank: int
     world_size: int
-    wait: float = 300.0
+    # Ranks in DDP run within a few batches of each other, so a late failure
+    # lands within seconds; the bound also caps how long a DataLoader worker
+    # that prefetched to the end of its pass delays a job stopping mid-epoch
+    # (torchdata's StatefulDataLoader waits for its workers on shutdown).
+    wait: float = 60.0
     _store: Any = field(default=None, repr=False, compare=False)
     _pid: int = field(default=0, repr=False, compare=False)
     _off: bool = field(default=False, repr=False, compare=False)  # the store went away (``_lost``)
