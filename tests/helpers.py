@@ -41,3 +41,41 @@ class Echo:
 
     def __getitem__(self, i: int) -> int:
         return i
+
+
+def check_resizes(windows, trained, history, world, lens, drop_last, max_length) -> None:
+    """Replay an epoch through resizes and check every sample trained once.
+
+    windows(w, segments) -> the epoch's windows at world size w after the
+    resize history ``segments`` ((world, steps) pairs); trained(windows, lo,
+    hi) -> (shard, index) of the samples trained in epoch steps [lo, hi);
+    history: (world, fraction of the remaining steps) per resize; lens:
+    shard -> (n,) int64 lengths. Asserts: determinism, nothing trained twice
+    beyond each world's final-step padding, nothing lost but ``drop_last``'s
+    drop and samples over ``max_length``.
+    """
+    import collections
+
+    segments, got, ended = (), [], False
+    for w, frac in history:
+        ws = windows(w, segments)
+        done = sum(k for _, k in segments)
+        total = sum(x.num_steps for x in ws)
+        k = int(frac * (total - done))
+        got += trained(ws, done, done + k)
+        ended = ended or done + k == total
+        segments += ((w, k),)
+    ws = windows(world, segments)
+    done = sum(k for _, k in segments)
+    got += trained(ws, done, 10**9)
+    assert trained(windows(world, segments), done, 10**9) == trained(ws, done, 10**9)  # deterministic
+    c = collections.Counter(got)
+    wanted = {(s, i) for s, x in lens.items() for i, v in enumerate(x) if max_length is None or v <= max_length}
+    assert set(c) <= wanted
+    missing = len(wanted - set(c))
+    last = [x for x in ws if x.last]
+    if not drop_last:
+        assert missing == 0
+    elif not ended and last:
+        assert missing == last[0].plan.num_dropped
+    assert sum(c.values()) - len(c) <= sum(w - 1 for w, k in segments if k) + world - 1

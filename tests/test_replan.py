@@ -16,7 +16,7 @@ from streambatch.streaming.replan import plain_inputs, plan_windows
 from streambatch.streaming.sources import Source
 from streambatch.streaming.window import WindowConfig
 
-from helpers import examples
+from helpers import check_resizes, examples
 from shards import FPS, write_corpus
 
 SIZES = [31, 27, 0, 40, 22, 35, 29, 18, 33]
@@ -126,29 +126,7 @@ def test_window_segments_train_every_sample_once(counts, history, world, planner
         cfg = WindowConfig(3000, 8, w, 50, True, drop_last, seed, planner, (), "sample", max_length)
         return list(plan_windows(plain_inputs(counts, lens.__getitem__, cfg, 1), cfg, 1, segments))
 
-    segments, got, ended = (), [], False
-    for w, frac in history:
-        ws = windows(w, segments)
-        done = sum(k for _, k in segments)
-        total = sum(x.num_steps for x in ws)
-        k = int(frac * (total - done))
-        got += trained(ws, done, done + k)
-        ended = ended or done + k == total
-        segments += ((w, k),)
-    ws = windows(world, segments)
-    done = sum(k for _, k in segments)
-    got += trained(ws, done, 10**9)
-    assert trained(windows(world, segments), done, 10**9) == trained(ws, done, 10**9)  # deterministic
-    c = collections.Counter(got)
-    wanted = {(s, i) for s, x in lens.items() for i, v in enumerate(x) if max_length is None or v <= max_length}
-    assert set(c) <= wanted
-    missing = len(wanted - set(c))
-    last = [x for x in ws if x.last]
-    if not drop_last:
-        assert missing == 0
-    elif not ended and last:
-        assert missing == last[0].plan.num_dropped
-    assert sum(c.values()) - len(c) <= sum(w - 1 for w, k in segments if k) + world - 1
+    check_resizes(windows, trained, history, world, lens, drop_last, max_length)
 
 
 @pytest.mark.slow  # DataLoader worker processes
