@@ -10,7 +10,24 @@ see ``PlanConfig.fingerprint``), taken at the saved world size. ``epoch`` and
 ``step`` say where to resume. A state saved at another world size resumes
 elastically: the saver's run becomes a finished segment of the epoch and the
 rest is planned for this world (``planners/elastic.py``); ``segments`` keeps
-that history, a few ints per resize.
+that history, a few ints per resize, and ``history`` a digest of it bound to
+the fingerprint and the epoch, so an edited history is refused.
+
+Every value of a state is checked before any planning work (a damaged or
+edited state must not make a loader plan an epoch at a world size of 10**9):
+types, then bounds that no state the library saved can exceed. With N the
+epoch's samples (each step trains at least one of them, each once, so an
+epoch has at most N steps) and W this world size:
+
+- ``world_size`` and each segment's world size: [1, max(N, W, MAX_RANKS)];
+- ``segments``: at most MAX_SEGMENTS, each of >= 1 step, their sum <= N;
+- ``step``: [steps of ``segments``, N] (a DataLoader worker's next step: N + num_workers);
+- ``epoch``: [0, MAX_EPOCH]; ``num_workers``: [1, 256]; ``worker``: [0, num_workers);
+  ``skipped``: [0, MAX_COUNT]; ``history``: [0, 2**63).
+
+The digest detects edits and damage; it is no signature (anyone running
+streambatch can compute one), so the bounds also cap what a forged state
+costs: at most a plan at max(N, W, MAX_RANKS) ranks.
 """
 
 from __future__ import annotations
@@ -36,12 +53,25 @@ SKIPPED = "skipped"          # int: samples skipped so far (on_error="skip"), al
 # elastic resume and mixing (present only when they apply)
 SEGMENTS = "segments"        # list of [world_size, steps]: the epoch's runs at earlier world sizes, in order
 SOURCES = "sources"          # list of [cycle, position]: where each mixed source's cycle stands at the epoch start
+HISTORY = "history"          # int: 63-bit digest of (fingerprint, epoch, segments), written with segments; states
+                             # saved before it existed have none and are checked by the bounds alone
 
 # Older names still accepted when loading (version 1 sampler states).
 ALIASES = {"batches_consumed": STEP}
 
 # Epochs are bounded so that no layer (int64 shared memory, seeds) can wrap them.
 MAX_EPOCH = 2**32 - 1
+
+# Bounds of a state's counters (``planners/elastic.py`` checks the history against them).
+MAX_SEGMENTS = 64  # resizes one epoch can record: each costs a restart, so 64 is far beyond any real run
+# A world larger than the epoch's samples plans a single padded step, so a saved world size (the saver's or
+# a segment's) may exceed N; a state is refused above max(N, this world size, MAX_RANKS) (see ``max_world``).
+MAX_RANKS = 2**16
+# ``skipped`` is cumulative over every pass of the run, so the data bounds it not; it stays an int that JSON
+# readers keep exact (and that 256 workers' counts summed still fit the int64 counters it is restored into).
+MAX_COUNT = 2**53
+# The likely cause of a value out of bounds, for every message naming one.
+DAMAGED = "is it a state saved for other data or settings, or a damaged or edited one?"
 
 
 @runtime_checkable
@@ -76,22 +106,31 @@ def read_state(state: Any, kind: str, required: tuple[str, ...], versions: tuple
     return out
 
 
-def state_int(state: Mapping[str, Any], key: str, minimum: int = 0, maximum: int | None = None) -> int:
-    """``state[key]`` as an int in [minimum, maximum], or a ValueError naming the key."""
+def state_int(state: Mapping[str, Any], key: str, minimum: int = 0, maximum: int | None = None,
+              why: str = "") -> int:
+    """``state[key]`` as an int in [minimum, maximum], or a ValueError naming
+    the key, the value, the range and the likely cause (``why``: what the
+    bound comes from, for the message)."""
     value = state[key]
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise ValueError(f"state[{key!r}] must be an integer, got {value!r} ({type(value).__name__}); "
+        raise ValueError(f"state[{key!r}] must be an integer, got {value!r:.100} ({type(value).__name__}); "
                          "was the state converted (e.g. through JSON with strings)?")
     value = int(value)
     if value < minimum or (maximum is not None and value > maximum):
         upper = "" if maximum is None else f", {maximum}"
-        raise ValueError(f"state[{key!r}] = {value} is outside [{minimum}{upper}]")
+        raise ValueError(f"state[{key!r}] = {value} is outside [{minimum}{upper}]{why}; {DAMAGED}")
     return value
+
+
+def max_world(samples: int, world_size: int) -> int:
+    """The largest world size a state loaded at ``world_size`` over an epoch
+    of ``samples`` may name (see ``MAX_RANKS``)."""
+    return max(samples, world_size, MAX_RANKS)
 
 
 def differences(saved: Any, current: Mapping[str, Any]) -> str:
     """'max_batch_tokens: saved 4000, now 3000; ...' for the settings that differ."""
     if not isinstance(saved, Mapping):
         return ""
-    parts = [f"{k}: saved {saved[k]!r}, now {v!r}" for k, v in current.items() if k in saved and saved[k] != v]
+    parts = [f"{k}: saved {saved[k]!r:.100}, now {v!r}" for k, v in current.items() if k in saved and saved[k] != v]
     return "; ".join(parts)

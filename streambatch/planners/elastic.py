@@ -16,18 +16,25 @@ finished segment: the state stays a few integers however large the corpus,
 and since it holds nothing rank-specific every rank's copy is the same.
 A segment that ran its plan to the end leaves nothing to replan: the epoch
 is over (its drop, if any, stands).
+
+A saved history is checked before any of it is planned (``read_history``):
+at most ``MAX_SEGMENTS`` segments, each of >= 1 step (a resize after no step
+records nothing) at a world size in [1, ``max_world``], their steps summing
+to at most the epoch's samples (every step trains at least one sample, and
+each sample once), and, when the state carries one, its ``history`` digest.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import numbers
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
-from ..core.plan import Plan
+from ..core import state as S
+from ..core.plan import Plan, config_fingerprint
 from .interleave import interleave_steps
 
 _U64 = 1 << 64
@@ -38,21 +45,65 @@ PlanFn = Callable[[np.ndarray, int, int, int], Plan]
 Segments = tuple[tuple[int, int], ...]
 
 
-def check_segments(segments: Any, name: str = "segments") -> Segments:
-    """Segments as a tuple of (world_size >= 1, steps >= 0) int pairs, or a
-    ValueError naming the bad entry (they come from saved states)."""
+def check_segments(segments: Any, name: str = "segments", samples: int | None = None,
+                   max_world: int | None = None) -> Segments:
+    """Segments as a tuple of (world_size, steps) int pairs, or a ValueError
+    naming the bad entry (they come from saved states). O(len(segments)),
+    before any planning: at most ``MAX_SEGMENTS`` of them; world sizes in
+    [1, max_world] (None: unbounded); steps >= 1, each and their sum at most
+    ``samples`` (the epoch's samples, an upper bound on its steps; None:
+    unbounded)."""
     if segments is None:
         return ()
     if isinstance(segments, (str, bytes)) or not isinstance(segments, Sequence):
         raise ValueError(f"{name} must be a list of [world_size, steps] pairs, got {segments!r:.200}")
-    out = []
+    if len(segments) > S.MAX_SEGMENTS:
+        raise ValueError(f"{name} holds {len(segments)} segments, outside [0, {S.MAX_SEGMENTS}] (an epoch is "
+                         f"resumed on another world size at most {S.MAX_SEGMENTS} times); {S.DAMAGED}")
+    out: list[tuple[int, int]] = []
+    done = 0
     for i, seg in enumerate(segments):
         ok = (isinstance(seg, Sequence) and not isinstance(seg, (str, bytes)) and len(seg) == 2
               and all(isinstance(v, numbers.Integral) and not isinstance(v, bool) for v in seg))
-        if not ok or seg[0] < 1 or seg[1] < 0:
-            raise ValueError(f"{name}[{i}] must be a [world_size >= 1, steps >= 0] pair of ints, got {seg!r}")
-        out.append((int(seg[0]), int(seg[1])))
+        if not ok or seg[0] < 1 or seg[1] < 1:
+            raise ValueError(f"{name}[{i}] must be a [world_size >= 1, steps >= 1] pair of ints, got {seg!r:.200}; "
+                             f"{S.DAMAGED}")
+        w, k = int(seg[0]), int(seg[1])
+        if max_world is not None and w > max_world:
+            raise ValueError(f"{name}[{i}] = [{w}, {k}]: world_size {w} is outside [1, {max_world}] (a world beyond "
+                             f"the epoch's samples, this world size and {S.MAX_RANKS} ranks is not one a run "
+                             f"saved); {S.DAMAGED}")
+        done += k
+        if samples is not None and done > samples:
+            what = f"elastic segment {i} claims {k} steps" if k > samples else \
+                f"elastic segments 0..{i} claim {done} steps"
+            raise ValueError(f"{what} ({name}[{i}] = [{w}, {k}]), outside [1, {samples}]: more than the epoch has "
+                             f"samples (every step trains at least one); {S.DAMAGED}")
+        out.append((w, k))
     return tuple(out)
+
+
+def history_digest(fingerprint: int | str, epoch: int, segments: Segments) -> int:
+    """The 63-bit digest a state stores under ``history``: its elastic history
+    bound to its fingerprint and epoch (rank-independent, like the rest)."""
+    flat = np.array([x for seg in segments for x in seg], dtype=np.int64)
+    return config_fingerprint(flat, fingerprint, epoch, len(segments))
+
+
+def read_history(state: Mapping[str, Any], epoch: int, samples: int, max_world: int) -> Segments:
+    """The checked elastic history of ``state`` (its fingerprint already
+    matched), before any planning: ``check_segments`` bounds, then the
+    ``history`` digest when the state has one (states saved before the
+    digest existed have none: the bounds alone protect them)."""
+    name = f"state[{S.SEGMENTS!r}]"
+    segments = check_segments(state.get(S.SEGMENTS), name, samples, max_world)
+    if S.HISTORY in state:
+        digest = S.state_int(state, S.HISTORY, 0, 2**63 - 1)
+        if digest != history_digest(state[S.FINGERPRINT], epoch, segments):
+            raise ValueError(f"{name} = {[list(seg) for seg in segments]} (epoch {epoch}) does not match "
+                             f"state[{S.HISTORY!r}], the digest saved with it: the history or the epoch was edited "
+                             "or damaged; resume from the state as it was saved")
+    return segments
 
 
 def resize(segments: Segments, world_size: int, step: int, base: int, new_world_size: int) -> Segments:
@@ -62,6 +113,10 @@ def resize(segments: Segments, world_size: int, step: int, base: int, new_world_
     that took no step is replaced rather than recorded."""
     if new_world_size == world_size or step == base:
         return segments
+    if len(segments) >= S.MAX_SEGMENTS:
+        raise ValueError(f"an epoch can be resumed on another world size at most {S.MAX_SEGMENTS} times; this state "
+                         f"has {len(segments)} resizes already: resume at world_size={world_size}, or start the next "
+                         "epoch")
     return segments + ((world_size, step - base),)
 
 

@@ -13,7 +13,7 @@ from torch.utils.data import get_worker_info
 from ..core import state as S
 from ..core.plan import config_fingerprint
 from ..core.types import IntLike
-from ..planners.elastic import Segments, resize
+from ..planners.elastic import Segments, history_digest, resize
 from ..torch_glue.distributed import active, agree
 from ..torch_glue.elastic import SharedSegments, dataset_state_from_loader, is_loader_state
 from .position import Position, SharedState, read_position
@@ -66,6 +66,7 @@ class StateMixin:
                  S.SKIPPED: self._shared.skipped(None if worker is None else SharedState.slot(worker))}
         if pos["segments"]:  # the epoch's runs at earlier world sizes (rank-independent, like the rest)
             state[S.SEGMENTS] = [list(seg) for seg in pos["segments"]]
+            state[S.HISTORY] = history_digest(self.fingerprint, int(pos["epoch"]), pos["segments"])
         if self.sources is not None:
             state[S.SOURCES] = [list(p) for p in self.source_positions(pos["epoch"])]
         return state
@@ -74,8 +75,10 @@ class StateMixin:
         """Resume where ``state`` was saved: the next pass over its epoch
         skips the steps already yielded, planning past them from the sidecar
         lengths without reading their tar data. Everything is checked before
-        anything changes. In the main process with ``verify`` under
-        torch.distributed this is a collective (all ranks must resume alike).
+        anything changes, every value bounded (and the elastic history checked
+        against its digest) before any planning (``core/state.py``). In the
+        main process with ``verify`` under torch.distributed this is a
+        collective (all ranks must resume alike).
 
         ``state`` is any rank's ``state_dict()`` (they are equal) or, in the
         main process, a torchdata ``StatefulDataLoader.state_dict()``. Saved

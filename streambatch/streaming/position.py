@@ -24,7 +24,7 @@ from typing import Any
 
 from ..core import state as S
 from ..core.config import check_epoch
-from ..core.state import differences, read_state, state_int
+from ..core.state import differences, max_world, read_state, state_int
 
 MAX_WORKERS = 256  # DataLoader workers per rank that can share one dataset
 
@@ -151,11 +151,14 @@ class Position:
 def read_position(state: Any, ds: Any, info: Any) -> Position:
     """Check a ``StreamingBatches`` state against dataset ``ds`` (loaded in
     DataLoader worker ``info``, or the main process when None) before
-    anything changes; ValueError names what does not match."""
-    from ..planners.elastic import check_segments
+    anything changes, every value bounded before any planning work
+    (``core/state.py``); ValueError names what does not match."""
+    from ..planners.elastic import read_history
 
     s = read_state(state, "StreamingBatches", (S.EPOCH, S.STEP, S.WORKER, S.WORLD_SIZE, S.FINGERPRINT))
-    world = state_int(s, S.WORLD_SIZE, 1)
+    n = int(ds.samples_per_epoch)  # every step trains at least one of them: the epoch has at most n steps
+    worlds = max_world(n, ds.world_size)
+    world = state_int(s, S.WORLD_SIZE, 1, worlds)
     # everything but the world size must match: compare at the saver's world size
     at_saver = ds.config_at(world)
     if s[S.FINGERPRINT] != ds.fingerprint_at(world) and s[S.FINGERPRINT] != legacy_fingerprint(at_saver, ds.catalog):
@@ -165,26 +168,34 @@ def read_position(state: Any, ds: Any, info: Any) -> Position:
         raise ValueError(f"state was saved for other shards, sidecars or settings ({what}); resume with the same "
                          "shard list, sidecars, max_batch_tokens, max_batch_size, window_samples, read_mode, shuffle, "
                          "drop_last, seed and planner")
-    epoch = check_epoch(state_int(s, S.EPOCH), "state['epoch']")
-    step = state_int(s, S.STEP)
+    epoch = check_epoch(state_int(s, S.EPOCH, 0, S.MAX_EPOCH), "state['epoch']")
     worker, num_workers = s[S.WORKER], 0
     if worker is not None:
-        worker, num_workers = state_int(s, S.WORKER), state_int(s, S.NUM_WORKERS, 1)
+        num_workers = state_int(s, S.NUM_WORKERS, 1, MAX_WORKERS, f" (DataLoader workers per rank, at most "
+                                                                  f"{MAX_WORKERS})")
+        worker = state_int(s, S.WORKER, 0, num_workers - 1, f" (a worker id of state['num_workers'] = {num_workers})")
         if info is None or (info.id, info.num_workers) != (worker, num_workers):
             here = "the main process" if info is None else f"worker {info.id} of {info.num_workers}"
             raise ValueError(f"state was saved by DataLoader worker {worker} of {num_workers} and is being loaded in "
                              f"{here}; restore it through a StatefulDataLoader with num_workers={num_workers}, or "
                              "save the main process's state instead")
-    segments = check_segments(s.get(S.SEGMENTS), "state['segments']")
+    elif S.NUM_WORKERS in s:
+        state_int(s, S.NUM_WORKERS, 0, MAX_WORKERS)  # a main-process state's (0), unused but bounded like the rest
+    segments = read_history(s, epoch, n, worlds)
+    # a worker's state holds its own next step, up to its worker count past the epoch's last
+    limit = n + num_workers
+    step = state_int(s, S.STEP, 0, limit, f": beyond the {limit} steps of epoch {epoch} at most (one or more of "
+                                          f"its {n} samples each" + (f", plus {num_workers} workers" if worker is not
+                                                                     None else "") + ")")
     done = sum(k for _, k in segments)
     if step < done:
-        raise ValueError(f"state['step'] = {step} is below the {done} steps of state['segments']")
+        raise ValueError(f"state['step'] = {step} is below the {done} steps of state['segments']; {S.DAMAGED}")
+    skipped = state_int(s, S.SKIPPED, 0, S.MAX_COUNT, " (samples skipped so far)") if S.SKIPPED in s else 0
     if info is None and world == ds.world_size and step > ds._summary(epoch, segments).steps:
         # (a worker's own state is checked when its pass plans the epoch: no planning here; another
         # world's steps are checked when the rest of the epoch is planned from them)
         raise ValueError(f"state['step'] = {step} is beyond the {ds._summary(epoch, segments).steps} steps of "
                          f"epoch {epoch}; the state does not belong to this dataset")
-    skipped = state_int(s, S.SKIPPED) if S.SKIPPED in s else 0
     return Position(epoch, step, worker, num_workers, skipped, world, segments)
 
 

@@ -11,11 +11,8 @@ from collections.abc import Mapping
 from multiprocessing.sharedctypes import RawArray
 from typing import Any
 
+from ..core.state import MAX_SEGMENTS, state_int  # MAX_SEGMENTS: resizes one epoch records (two ints each)
 from ..planners.elastic import Segments
-
-# Resizes within one epoch that a streaming state can record. Each is two
-# ints; 64 is far beyond any real run (a resize costs a restart).
-MAX_SEGMENTS = 64
 
 
 class SharedSegments:
@@ -96,11 +93,12 @@ def dataset_state_from_loader(state: Mapping[str, Any]) -> dict[str, Any]:
                              "data or segments; it was not saved by one loader over this dataset")
     # A worker that has not delivered a batch yet still holds its start-up
     # state, a main-process position (worker None): its next step is that + its id.
-    nxt = sorted(int(s["step"]) + (i if s.get("worker") is None else 0) for i, s in enumerate(states))
+    # (each worker's counters are checked as ints here; their bounds when the combined state is read)
+    nxt = sorted(state_int(s, "step") + (i if s.get("worker") is None else 0) for i, s in enumerate(states))
     if not state.get("_iterator_finished", False) and nxt[0] != int(snap["_snapshot_step"]):
         raise ValueError(f"the workers' next steps {nxt} do not start at the loader's snapshot step "
                          f"{snap['_snapshot_step']}; this state was not saved by a StatefulDataLoader over this "
                          "dataset with in_order=True")
-    skipped = sum(int(s.get("skipped", 0)) for s in states)
+    skipped = sum(state_int(s, "skipped") if "skipped" in s else 0 for s in states)
     first.update(step=yielded, worker=None, num_workers=0, skipped=skipped)
     return first

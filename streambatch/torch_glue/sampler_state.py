@@ -11,8 +11,8 @@ from ..core import state as S
 from ..core.config import PlanConfig, check_epoch
 from ..core.mix import Mix
 from ..core.plan import Plan
-from ..core.state import differences, read_state, state_int
-from ..planners.elastic import Segments, check_segments, resize
+from ..core.state import differences, max_world, read_state, state_int
+from ..planners.elastic import Segments, history_digest, read_history, resize
 from .prefetch import warn_if_ahead
 
 if TYPE_CHECKING:
@@ -79,6 +79,7 @@ class SamplerStateMixin:
         }
         if self._segments:
             state[S.SEGMENTS] = [list(seg) for seg in self._segments]
+            state[S.HISTORY] = history_digest(self._fingerprint, self.epoch, self._segments)
         if self.mix is not None:
             state[S.SOURCES] = [list(p) for p in self.source_positions()]
         return state
@@ -90,16 +91,21 @@ class SamplerStateMixin:
         ran stay done and the rest of the epoch is planned for this world
         (``planners/elastic.py``): every sample once, equal steps per rank.
         Everything is checked before anything changes (a refused state leaves
-        the sampler as it was). Accepts version-1 states (``batches_consumed``).
+        the sampler as it was), and every value is bounded, the elastic
+        history checked against its digest, before any planning
+        (``core/state.py``). Accepts version-1 states (``batches_consumed``).
         With ``verify`` under torch.distributed this is a collective, which
         also checks that every rank loaded the same state."""
         failure, plan, epoch, step, fp = None, self.plan, self.epoch, 0, 0
         segments, base = self._segments, self._base
         try:
             s = read_state(state, KIND, (S.EPOCH, S.STEP, S.FINGERPRINT))
-            saved_world = state_int(s, S.WORLD_SIZE, 1) if S.WORLD_SIZE in s else self.world_size
+            # Every value is checked before any planning (core/state.py): N bounds the epoch's steps.
+            n = self.mix.samples_per_epoch if self.mix is not None else int(self.lengths.shape[0])
+            worlds = max_world(n, self.world_size)
+            saved_world = state_int(s, S.WORLD_SIZE, 1, worlds) if S.WORLD_SIZE in s else self.world_size
             if S.SEED in s and (isinstance(s[S.SEED], bool) or not isinstance(s[S.SEED], numbers.Integral)):
-                raise ValueError(f"state['seed'] must be an integer, got {s[S.SEED]!r}")
+                raise ValueError(f"state['seed'] must be an integer, got {s[S.SEED]!r:.100}")
             if S.SEED in s and s[S.SEED] != self.seed:
                 raise ValueError(f"the state was saved with seed={s[S.SEED]} but this sampler has seed={self.seed}")
             # everything but the world size must match: compare at the saver's world size
@@ -109,12 +115,14 @@ class SamplerStateMixin:
                                                                        else "the lengths or the mix differ")
                 raise ValueError(f"the state was saved for a different configuration ({what}); resume with the "
                                  "lengths and sampler arguments of the run that saved it")
-            epoch = check_epoch(state_int(s, S.EPOCH), "state['epoch']")
-            step = state_int(s, S.STEP)
-            saved_segments = check_segments(s.get(S.SEGMENTS), "state['segments']")
+            epoch = check_epoch(state_int(s, S.EPOCH, 0, S.MAX_EPOCH), "state['epoch']")
+            saved_segments = read_history(s, epoch, n, worlds)
+            step = state_int(s, S.STEP, 0, n, f": beyond the {n} steps of epoch {epoch} at most (one or more of its "
+                                              f"{n} samples each)")
             done = sum(k for _, k in saved_segments)
             if step < done:
-                raise ValueError(f"state['step'] = {step} is below the {done} steps of state['segments']")
+                raise ValueError(f"state['step'] = {step} is below the {done} steps of state['segments']; "
+                                 f"{S.DAMAGED}")
             # from another world size: the saver's run becomes a finished segment
             segments = resize(saved_segments, saved_world, step, done, self.world_size)
             if epoch != self.epoch or segments != self._segments:
