@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from ..core.redact import scrub
 from ..core.units import seconds_to_frames
 from .args import Formatter, add_plan_args, whole
 
@@ -79,7 +80,7 @@ def _write_and_index(args: argparse.Namespace, out_dir: str) -> tuple[list[str],
     print(f"[2/3] indexed them in {s.seconds:.1f} s: {s.samples:,} utterances, "
           f"{audio_time(s.total_length / FPS)}; length (frames) min {p['min']}, median {p['p50']}, "
           f"p95 {p['p95']}, max {p['max']}")
-    print(f"      sidecars: {os.path.basename(paths[0])}.idx.npz ... (keys, lengths, byte offsets)")
+    print(f"      sidecars: {scrub(os.path.basename(paths[0]))}.idx.npz ... (keys, lengths, byte offsets)")
     return paths, s.samples
 
 

@@ -8,6 +8,7 @@ import os
 import sys
 from typing import Any
 
+from ..core.redact import scrub
 from .args import Formatter, positive_float, whole
 from .plan import shard_list
 from .report import audio_time
@@ -61,7 +62,7 @@ def run_index(args: argparse.Namespace) -> int:
         _merge_under_torchrun(shards, part, args, options)
     fps = args.frames_per_second
     sec = (lambda v: f" ({v / fps:.1f} s)") if fps else (lambda v: "")
-    where = f"in {args.index_dir}" if args.index_dir else "next to the shards"
+    where = f"in {scrub(args.index_dir)}" if args.index_dir else "next to the shards"
     of = f" (part {part[0]} of {part[1]})" if part is not None and part[1] > 1 else ""
     print(f"{s.shards:,} shards{of}: {s.indexed:,} indexed, {s.current:,} already current ({s.seconds:.1f} s); "
           f"sidecars {where}")
@@ -75,9 +76,9 @@ def run_index(args: argparse.Namespace) -> int:
     pattern = args.shards[0] if len(args.shards) == 1 else "SHARDS..."
     flags = f" --index-dir {args.index_dir}" if args.index_dir else ""  # the sidecars tell plan the frame rate
     if args.part:
-        print(f"next, once all {part[1]} parts are done: streambatch index '{pattern}'{flags} --merge {part[1]}")
+        print(f"next, once all {part[1]} parts are done: streambatch index '{scrub(pattern)}'{flags} --merge {part[1]}")
     else:
-        print(f"next: streambatch plan '{pattern}'{flags} --max-batch-tokens 16000 --world-size 8")
+        print(f"next: streambatch plan '{scrub(pattern)}'{flags} --max-batch-tokens 16000 --world-size 8")
     return 0
 
 

@@ -17,6 +17,7 @@ import importlib
 import os
 import sys
 
+from ..core.redact import scrub, scrub_exception
 from .args import PROG, Formatter, Parser
 
 # ---------------------------------------------------------------- parser
@@ -72,9 +73,13 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     except (ValueError, TypeError, OSError, ImportError, LookupError, MemoryError) as exc:
         if os.environ.get("STREAMBATCH_TRACEBACK"):
+            scrub_exception(exc)
             raise
-        print(f"{PROG}: error: {_one_line(exc)}", file=sys.stderr)
+        print(f"{PROG}: error: {scrub(_one_line(exc))}", file=sys.stderr)
         return 2
+    except Exception as exc:  # a bug's traceback still goes out, without the credentials of any URL in it
+        scrub_exception(exc)
+        raise
 
 
 # The library's messages name Python arguments; on the command line, say the flags.

@@ -29,7 +29,6 @@ import contextlib
 import errno
 import fcntl
 import hashlib
-import logging
 import os
 import re
 import shutil
@@ -40,10 +39,11 @@ import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
+from ..core.redact import logger
 from .errors import ShardError
 from .remote import IOStats, RemoteShard, RetryPolicy, scrub_url
 
-log = logging.getLogger("streambatch.streaming")
+log = logger("streambatch.streaming")
 _RUN_NAME = re.compile(r"^(?P<host>.+)-(?P<pid>\d+)-r(?P<rank>\d+)$")
 
 

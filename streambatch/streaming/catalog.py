@@ -22,8 +22,10 @@ from typing import Any
 
 import numpy as np
 
+from ..core.redact import scrub, scrub_url, scrubbing
 from ..core.types import IntLike, LengthFrom, UrlsLike
 from .catalog_file import is_catalog, read_catalog
+from .catalog_trust import TrustLike, check_trust
 from .errors import ShardError
 from .lengths import length_spec
 from .reader import expand_urls, is_local
@@ -84,6 +86,11 @@ class Catalog:
             )
         return keys, offsets, sizes
 
+    def __repr__(self) -> str:
+        # URLs may carry credentials (user-info, signed queries): scrubbed, and only the first shown
+        first = f", first={scrub_url(self.urls[0])!r}" if self.urls else ""
+        return f"Catalog(shards={len(self.urls)}, samples={self.num_samples}{first})"
+
     def fingerprint(self) -> str:
         """Hash of URLs and sidecar digests: equal on ranks that see the same data."""
         h = hashlib.blake2b(digest_size=8)
@@ -122,10 +129,12 @@ def _load(url: str, path: str, spec,
         return {}, None, f"unreadable sidecar ({exc})"
 
 
+@scrubbing
 def open_catalog(urls: UrlsLike, *, index_dir: str | None = None, index_missing: bool = False,
                  length_from: LengthFrom | None = None, frames_per_second: float | None = None,
                  index_workers: IntLike | None = 1,
-                 url_hint: str | None = None, verify: str = "stat", storage_options: dict | None = None) -> Catalog:
+                 url_hint: str | None = None, verify: str = "stat", storage_options: dict | None = None,
+                 trust_catalog: TrustLike = False) -> Catalog:
     """Find and check every shard's sidecar, and read every sample's length;
     or read a catalog file (``urls`` = ``.../NAME.catalog.npz``, local or
     remote: one request, no sidecar opened).
@@ -136,20 +145,23 @@ def open_catalog(urls: UrlsLike, *, index_dir: str | None = None, index_missing:
     sidecars written with another length source count as stale. ``verify``:
     ``"stat"`` (size, mtime, head/tail probe) or ``"full"`` (also re-hash
     every shard and compare with the content digest taken at index time; see
-    ``shard_identity.py`` for what each guarantees).
+    ``shard_identity.py`` for what each guarantees). ``trust_catalog``: what
+    the entries of a catalog file may be beyond its own storage's URLs
+    (``catalog_trust.py``; True: anything, ``pipe:`` commands included).
     """
+    trust = check_trust(trust_catalog)
     if verify not in VERIFY_MODES:
         raise ValueError(f"verify must be one of {VERIFY_MODES}, got {verify!r}")
     if is_catalog(urls):
-        return _from_file(os.fspath(urls), length_from, frames_per_second, storage_options)
+        return _from_file(os.fspath(urls), length_from, frames_per_second, storage_options, trust)
     urls = expand_urls(urls)
     paths = [sidecar_path(u, index_dir) for u in urls]
     dup = _first_duplicate(paths)
     if dup is not None:
-        raise ValueError(
+        raise ValueError(scrub(
             f"shards {urls[dup[0]]!r} and {urls[dup[1]]!r} would share the sidecar {paths[dup[0]]}; "
             "shards indexed into one index_dir need distinct file names"
-        )
+        ))
     spec = length_spec(length_from, frames_per_second) if length_from is not None else None
     if any(is_remote(p) for p in paths):  # one request each: overlap them
         with ThreadPoolExecutor(16) as pool:
@@ -175,7 +187,7 @@ def open_catalog(urls: UrlsLike, *, index_dir: str | None = None, index_missing:
                 with SidecarFile(paths[i]) as sc:
                     loaded[i] = (sc.meta, _narrow(sc.lengths()), None)
         else:
-            raise FileNotFoundError(_missing_message(urls, bad, index_dir, index_missing, url_hint, spec))
+            raise FileNotFoundError(scrub(_missing_message(urls, bad, index_dir, index_missing, url_hint, spec)))
     counts = np.array([m["samples"] for m, _, _ in loaded], dtype=np.int64)
     parts = [lens for _, lens, _ in loaded]
     all_lengths = np.concatenate(parts) if parts else np.zeros(0, np.uint16)
@@ -185,13 +197,14 @@ def open_catalog(urls: UrlsLike, *, index_dir: str | None = None, index_missing:
                    sizes, tuple(m.get("etag") or "" for m, _, _ in loaded), storage_options)
 
 
-def _from_file(path: str, length_from: Any, frames_per_second: Any, storage_options: dict | None) -> Catalog:
-    c = read_catalog(path, storage_options)
+def _from_file(path: str, length_from: Any, frames_per_second: Any, storage_options: dict | None,
+               trust: bool | frozenset[str]) -> Catalog:
+    c = read_catalog(path, storage_options, trust=trust)
     if length_from is not None:
         want = length_spec(length_from, frames_per_second).describe()
         if c["meta"]["length_from"] != want:
-            raise ValueError(f"catalog {path} holds lengths from {c['meta']['length_from']!r}, not {want!r}; "
-                             "re-index with the same --length-from/--frames-per-second or drop length_from")
+            raise ValueError(scrub(f"catalog {path} holds lengths from {c['meta']['length_from']!r}, not {want!r}; "
+                                   "re-index with the same --length-from/--frames-per-second or drop length_from"))
     starts = np.concatenate([[0], np.cumsum(c["counts"])]).astype(np.int64)
     return Catalog(tuple(c["urls"]), tuple(c["sidecars"]), c["counts"].astype(np.int64), tuple(c["digests"]),
                    c["lengths"], starts, c["sizes"], tuple(c["etags"]), storage_options)

@@ -13,6 +13,10 @@ Arrays (S shards, N samples):
 - ``counts`` (S,) int64, ``sizes`` (S,) int64 (-1: unknown, e.g. ``pipe:``);
 - ``lengths`` (N,) int32 or int64, shard after shard in ``urls`` order;
 - ``meta``: JSON (format, version, length_from, shards, samples).
+
+Version 2 stores relative local paths relative to the catalog's directory;
+entries are resolved and checked on reading (``catalog_trust.py``: a
+catalog's entries are data, never commands). Version 1 files still load.
 """
 
 from __future__ import annotations
@@ -24,12 +28,15 @@ from typing import Any, TypeGuard
 
 import numpy as np
 
+from ..core.redact import scrub
+from .catalog_trust import relative_entries, resolve_entries
 from .remote import is_remote
 from .remote_index import load_npz, npz_bytes, write_bytes
 
 CATALOG_SUFFIX = ".catalog.npz"
 FORMAT = "streambatch-catalog"
-VERSION = 1
+VERSION = 2
+READABLE = (1, 2)
 
 
 def is_catalog(urls: Any) -> TypeGuard[str | os.PathLike]:
@@ -68,14 +75,15 @@ def _untext(arr: np.ndarray, n: int) -> list[str]:
     return out
 
 
-def catalog_arrays(urls, sidecars, metas: list[dict], lengths: list[np.ndarray], length_from: str):
-    """(meta, arrays) of a catalog (or part) over shards in the given order."""
+def catalog_arrays(urls, sidecars, metas: list[dict], lengths: list[np.ndarray], length_from: str, *, at: str):
+    """(meta, arrays) of the catalog (or part) to be written at ``at``, over
+    shards in the given order (relative paths stored relative to ``at``)."""
     counts = np.array([len(x) for x in lengths], dtype=np.int64)
     every = np.concatenate(lengths) if lengths else np.zeros(0, np.int64)
     if every.size and every.max() < 2**31:
         every = every.astype(np.int32)  # half the bytes to read on every process
     arrays = {
-        "urls": _text(urls), "sidecars": _text(sidecars),
+        "urls": _text(relative_entries(at, urls)), "sidecars": _text(relative_entries(at, sidecars)),
         "etags": _text([m.get("etag") or "" for m in metas]),
         "digests": _text([m["digest"] for m in metas]),
         "counts": counts,
@@ -106,33 +114,42 @@ def write_catalog(path: str, meta: dict, arrays: dict, storage_options: dict | N
         raise
 
 
-def read_catalog(path: str, storage_options: dict | None = None) -> dict[str, Any]:
+def read_catalog(path: str, storage_options: dict | None = None, *,
+                 trust: bool | frozenset[str] = False) -> dict[str, Any]:
     """The catalog's contents: meta plus urls, sidecars, etags, digests
-    (lists of str), counts, sizes (int64) and lengths (int32/int64) arrays."""
+    (lists of str), counts, sizes (int64) and lengths (int32/int64) arrays.
+    urls and sidecars come resolved and checked against ``trust``
+    (``catalog_trust.py``): an entry the catalog may not list is an
+    ``UntrustedCatalogError`` before anything opens it."""
     try:
         z = load_npz(os.fspath(path), storage_options)
     except FileNotFoundError:
-        raise FileNotFoundError(f"no catalog at {path}; write one with "
-                                f"`streambatch index SHARDS --catalog {path}`") from None
+        raise FileNotFoundError(scrub(f"no catalog at {path}; write one with "
+                                      f"`streambatch index SHARDS --catalog {path}`")) from None
     with z:
         meta = json.loads(z["meta"].tobytes().decode())
-        if meta.get("format") != FORMAT or meta.get("version") != VERSION:
-            raise ValueError(f"{path} is not a streambatch catalog of version {VERSION}; rebuild it with "
-                             "`streambatch index --force`")
+        if meta.get("format") != FORMAT or meta.get("version") not in READABLE:
+            raise ValueError(scrub(f"{path} is not a streambatch catalog of a version this streambatch reads "
+                                   f"({list(READABLE)}); rebuild it with `streambatch index --force`"))
         s = int(meta["shards"])
         out = {"meta": meta, "counts": z["counts"], "sizes": z["sizes"], "lengths": z["lengths"]}
         for name in ("urls", "sidecars", "etags", "digests"):
             out[name] = _untext(z[name], s)
     if out["counts"].shape[0] != s or int(out["counts"].sum()) != out["lengths"].shape[0]:
-        raise ValueError(f"corrupt catalog {path}: counts do not add up to the lengths it holds")
+        raise ValueError(scrub(f"corrupt catalog {path}: counts do not add up to the lengths it holds"))
+    for name, what in (("urls", "shard"), ("sidecars", "sidecar")):
+        out[name] = resolve_entries(os.fspath(path), out[name], version=meta["version"], trust=trust, what=what)
     return out
 
 
-def catalog_urls(path: str | os.PathLike, storage_options: dict | None = None) -> list[str]:
-    """The shard URLs a catalog lists (reads only its ``urls`` and ``meta``)."""
+def catalog_urls(path: str | os.PathLike, storage_options: dict | None = None, *,
+                 trust: bool | frozenset[str] = False) -> list[str]:
+    """The shard URLs a catalog lists, resolved and checked as by
+    ``read_catalog`` (reads only its ``urls`` and ``meta``)."""
     with load_npz(os.fspath(path), storage_options) as z:
-        n = int(json.loads(z["meta"].tobytes().decode())["shards"])
-        return _untext(z["urls"], n)
+        meta = json.loads(z["meta"].tobytes().decode())
+        urls = _untext(z["urls"], int(meta["shards"]))
+    return resolve_entries(os.fspath(path), urls, version=int(meta.get("version", 1)), trust=trust, what="shard")
 
 
 def merge_parts(path: str, parts: int, storage_options: dict | None = None) -> dict[str, Any]:
@@ -151,14 +168,14 @@ def merge_parts(path: str, parts: int, storage_options: dict | None = None) -> d
     lengths = [loaded[i]["lengths"][starts[i][j]: starts[i][j + 1]] for i, j in order]
     metas = [{"etag": e or None, "digest": d, "size": int(z) if z >= 0 else None}
              for e, d, z in zip(pick("etags"), pick("digests"), pick("sizes"))]
-    meta, arrays = catalog_arrays(pick("urls"), pick("sidecars"), metas, lengths, spec.pop())
+    meta, arrays = catalog_arrays(pick("urls"), pick("sidecars"), metas, lengths, spec.pop(), at=path)
     write_catalog(path, meta, arrays, storage_options)
     return meta
 
 
 def _read_part(path: str, storage_options: dict | None) -> dict[str, Any]:
     try:
-        return read_catalog(path, storage_options)
+        return read_catalog(path, storage_options, trust=True)  # parts this job's own indexers wrote
     except FileNotFoundError:
-        raise FileNotFoundError(f"catalog part {path} is missing: its indexing job has not finished (or "
-                                "failed); run it again, then merge") from None
+        raise FileNotFoundError(scrub(f"catalog part {path} is missing: its indexing job has not finished (or "
+                                      "failed); run it again, then merge")) from None

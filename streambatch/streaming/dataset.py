@@ -7,8 +7,7 @@ state and resume in ``dataset_state.py``, the reading generator in
 from __future__ import annotations
 
 import dataclasses
-import logging
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from typing import Any, Literal
 
 import numpy as np
@@ -17,6 +16,7 @@ from torch.utils.data import IterableDataset
 from ..core.config import check_epoch
 from ..core.long_samples import check_max_length
 from ..core.plan import config_fingerprint
+from ..core.redact import logger, scrub_exception
 from ..core.types import FlagLike, IntLike, LengthFrom, NumberLike, UrlsLike
 from ..core.validation import check_flag, check_int
 from ..integrations.guard import check_not_prepared
@@ -26,6 +26,7 @@ from ..torch_glue.distributed import agree, guess_world, is_distributed, resolve
 from ..torch_glue.elastic import SharedSegments
 from .affine_epoch import affine_windows, plan_affine
 from .audio import decode_audio
+from .catalog_trust import check_trust
 from .dataset_reading import ReadingMixin
 from .dataset_setup import (
     check_output,
@@ -45,7 +46,7 @@ from .replan import plain_inputs, plan_windows, summarize_windows
 from .sources import Source, SourceCatalog, is_sources, mixed_inputs, source_of_shards
 from .window import EpochSummary, Window, WindowConfig, default_window, iter_windows, summarize
 
-log = logging.getLogger("streambatch.streaming")
+log = logger("streambatch.streaming")
 
 
 class StreamingBatches(StateMixin, ReadingMixin, IterableDataset):
@@ -124,6 +125,12 @@ class StreamingBatches(StateMixin, ReadingMixin, IterableDataset):
         fsspec options (never logged), the node-local cache directory, how many
         shard ranges (bytes) to download ahead per worker, and the
         ``RetryPolicy`` (or a number of retries); see ``remote_io.RemoteIO``.
+    trust_catalog: the entries of a catalog file are data: by default a
+        ``pipe:`` entry is refused, and a catalog in remote storage may list
+        only URLs of that storage (no local paths). True lifts this for a
+        catalog you wrote yourself (a ``pipe:`` entry runs a shell command);
+        a set of schemes (``{"pipe"}``) allows just those
+        (``catalog_trust.py``).
     """
 
     def __init__(self, urls: UrlsLike | Source | Sequence[Source], max_batch_tokens: NumberLike,
@@ -138,7 +145,8 @@ class StreamingBatches(StateMixin, ReadingMixin, IterableDataset):
                  verify: bool | str = True, max_length: IntLike | None = None, long_samples: str = "drop",
                  samples_per_epoch: IntLike | None = None, storage_options: dict[str, Any] | None = None,
                  cache_dir: str | None = None, prefetch_shards: IntLike = 4, prefetch_bytes: IntLike | None = None,
-                 retry: RetryPolicy | int | None = None, **planner_options: Any) -> None:
+                 retry: RetryPolicy | int | None = None, trust_catalog: bool | Collection[str] = False,
+                 **planner_options: Any) -> None:
         super().__init__()
         failure: BaseException | None = None
         world: Any = world_size  # the caller's value until resolve_world checks it
@@ -154,7 +162,8 @@ class StreamingBatches(StateMixin, ReadingMixin, IterableDataset):
             self.verify, verify_shards = check_verify(verify)
             self.rank, world = resolve_world(rank, world_size)
             max_length, long_samples = check_max_length(max_length, long_samples)
-            read_mode = resolve_read_mode(urls, read_mode, mixed, storage_options)
+            trust = check_trust(trust_catalog)
+            read_mode = resolve_read_mode(urls, read_mode, mixed, storage_options, trust)
             if window_samples is None:
                 window_samples = default_window(read_mode, world)
             self.config = WindowConfig.build(max_batch_tokens, max_batch_size, world, shuffle, drop_last, seed,
@@ -179,7 +188,8 @@ class StreamingBatches(StateMixin, ReadingMixin, IterableDataset):
                 self.sources, self.catalog = open_shards(
                     urls, mixed=mixed, samples_per_epoch=samples_per_epoch, index_dir=index_dir,
                     index_missing=index_missing, length_from=length_from, frames_per_second=frames_per_second,
-                    index_workers=index_workers, verify_shards=verify_shards, storage_options=storage_options)
+                    index_workers=index_workers, verify_shards=verify_shards, storage_options=storage_options,
+                    trust_catalog=trust)
                 if self.verify:  # remote shards changed since indexing: fail now, not mid-epoch
                     check_identity(self.catalog, self.rank, world, storage_options,
                                    retry if isinstance(retry, RetryPolicy) else None)
@@ -190,6 +200,8 @@ class StreamingBatches(StateMixin, ReadingMixin, IterableDataset):
                 check_samples(self.catalog, self.config.max_length, long_samples)
             except Exception as exc:
                 failure = exc
+        if failure is not None:
+            scrub_exception(failure)  # a backend's exception may quote a URL with its credentials
         if will_check(verify, world):
             agree({"fingerprint": 0 if failure else self.fingerprint},
                   "the streaming plan (shard list, sidecars or streaming settings)", failure)

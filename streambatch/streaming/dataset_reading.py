@@ -5,13 +5,13 @@ the node-local cache of ``remote_io``)."""
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from torch.utils.data import get_worker_info
 
+from ..core.redact import logger, scrub_exception
 from ..planners.elastic import Segments
 from .catalog import Catalog
 from .errors import ShardError
@@ -26,7 +26,7 @@ if TYPE_CHECKING:
     from .remote_reader import RemoteWindowReader
     from .window import Window
 
-log = logging.getLogger("streambatch.streaming")
+log = logger("streambatch.streaming")
 
 
 class ReadingMixin:
@@ -130,6 +130,7 @@ class ReadingMixin:
             if failures is not None:
                 failures.finish(epoch, stride)  # hear of a failure later in another rank's pass
         except Exception as exc:
+            scrub_exception(exc)  # before it leaves the pass (and reaches other ranks): no credentials in it
             if failures is not None:
                 failures.report(epoch, exc)
             raise

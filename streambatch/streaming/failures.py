@@ -24,7 +24,6 @@ channel is off: a failure raises on its own rank only, as before.
 
 from __future__ import annotations
 
-import logging
 import os
 import time
 import uuid
@@ -32,9 +31,10 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
+from ..core.redact import logger, scrub
 from .errors import ShardError
 
-log = logging.getLogger("streambatch.streaming")
+log = logger("streambatch.streaming")
 
 _made: dict[int, int] = {}  # fingerprint -> datasets this process built with it (same order on every rank)
 
@@ -79,7 +79,7 @@ class FailureChannel:
         if isinstance(exc, ForeignFailure):
             return
         try:
-            what = str(exc) if isinstance(exc, ShardError) else f"{type(exc).__name__}: {exc}"
+            what = scrub(exc) if isinstance(exc, ShardError) else f"{type(exc).__name__}: {scrub(exc)}"
             self._client().set(self._key(epoch, "failed"), f"rank {self.rank} failed reading its shards in epoch "
                                                             f"{epoch}: {what}")
         except Exception as err:  # the rank's own error still surfaces

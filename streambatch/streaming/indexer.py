@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from ..core.redact import scrub_url, scrubbing
 from ..core.types import IntLike, LengthFrom, UrlsLike
 from ..core.validation import check_int
 from .audio import HEADER_BYTES, audio_ext
@@ -75,7 +76,7 @@ def index_shard(url: str, spec: LengthSpec, storage_options: dict | None = None,
                 f.seek(here)
                 return data
 
-            where = f"shard {url}, sample {sample.key!r} at byte {sample.offset}"
+            where = f"shard {scrub_url(url)}, sample {sample.key!r} at byte {sample.offset}"
             lengths.append(length_of(spec, sample.members, sample.sizes, reread, where))
             keys.append(sample.key.encode("utf-8", "surrogateescape"))  # non-UTF-8 names round-trip, as in webdataset
             offsets.append(sample.offset)
@@ -177,6 +178,7 @@ class _PlainProgress:
         pass
 
 
+@scrubbing
 def index_shards(urls: UrlsLike, *, length_from: LengthFrom = "json:duration", frames_per_second: float | None = None,
                  index_dir: str | None = None, workers: IntLike | None = None, progress: bool = True,
                  force: bool = False, storage_options: dict[str, Any] | None = None,
@@ -253,10 +255,10 @@ def index_shards(urls: UrlsLike, *, length_from: LengthFrom = "json:duration", f
         catalog = remote or n_parts > 1
     if catalog is not False and urls:
         target = os.fspath(catalog) if not isinstance(catalog, bool) else default_catalog_path(all_urls, index_dir)
+        at = target if n_parts == 1 else part_path(target, i_part, n_parts)
         meta, arrays = catalog_arrays(urls, paths, [metas[i] for i in range(len(urls))],
-                                      [lengths[i] for i in range(len(urls))], spec.describe())
-        write_catalog(target if n_parts == 1 else part_path(target, i_part, n_parts), meta, arrays,
-                      storage_options)
+                                      [lengths[i] for i in range(len(urls))], spec.describe(), at=at)
+        write_catalog(at, meta, arrays, storage_options)
     every = np.concatenate([lengths[i] for i in range(len(urls))]) if urls else np.zeros(0, np.int64)
     qs = {"min": 0, "p5": 5, "p50": 50, "p95": 95, "max": 100}
     pct = {k: int(np.percentile(every, q, method="nearest")) for k, q in qs.items()} if every.size else {}
@@ -282,6 +284,7 @@ def parse_part(part: Any) -> tuple[int, int]:
     return i, n
 
 
+@scrubbing
 def merge_catalog(urls: UrlsLike, parts: int, *, index_dir: str | None = None, catalog: str | None = None,
                   storage_options: dict[str, Any] | None = None) -> dict[str, Any]:
     """Merge the ``parts`` catalog parts written by ``index_shards(part=...)``

@@ -20,6 +20,7 @@ from urllib.parse import urlparse
 from webdataset.gopen import gopen
 from webdataset.shardlists import expand_urls as wds_expand_urls
 
+from ..core.redact import scrub
 from .errors import ShardError
 
 _SKIP_CHUNK = 1 << 20
@@ -74,8 +75,8 @@ def url_basename(url: str) -> str:
     path = urlparse(url).path if not is_local(url) else local_path(url)
     name = os.path.basename(path.rstrip("/"))
     if not name:
-        raise ValueError(f"cannot name a sidecar for shard URL {url!r}: it has no file name; "
-                         "pass index_dir and a URL ending in the shard's name")
+        raise ValueError(scrub(f"cannot name a sidecar for shard URL {url!r}: it has no file name; "
+                               "pass index_dir and a URL ending in the shard's name"))
     return name
 
 
@@ -141,7 +142,7 @@ class LocalReader:
                 self.close()  # give our own descriptors back and retry once
                 return self._open(url)
             if exc.errno in OUT_OF_RESOURCES:
-                raise OSError(exc.errno, f"cannot open shard {url}: out of file descriptors ({exc.strerror}); "
+                raise OSError(exc.errno, f"cannot open shard {scrub(url)}: out of file descriptors ({exc.strerror}); "
                                          "raise the limit (`ulimit -n`) or use fewer DataLoader workers") from exc
             raise ShardError(f"cannot open shard {url}: {exc}") from exc
         entry = (fd, os.fstat(fd).st_size)

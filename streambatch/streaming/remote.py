@@ -15,26 +15,21 @@ scrubbed of credentials before they reach a message or a log line.
 
 from __future__ import annotations
 
-import logging
 import random
-import re
 import threading
 import time
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+from urllib.parse import urlsplit
 
+from ..core.redact import logger, scrub, scrub_options, scrub_url  # noqa: F401  (re-exported: their old home)
 from .errors import ShardError
 
-log = logging.getLogger("streambatch.streaming")
+log = logger("streambatch.streaming")
 
 # protocol -> (package fsspec needs, streambatch extra that installs it)
 _BACKENDS = {"s3": ("s3fs", "s3"), "s3a": ("s3fs", "s3"), "gs": ("gcsfs", "gcs"), "gcs": ("gcsfs", "gcs"),
              "hf": ("huggingface_hub", "hf"), "http": ("aiohttp", "http"), "https": ("aiohttp", "http")}
-_SECRET_KEY = re.compile(r"(?i)(key|secret|token|passw|credential|signature|^sig$|auth|session|cookie)")
-_SECRET_QUERY = re.compile(r"(?i)([?&][^=&\s]*(?:key|secret|token|passw|credential|signature|sig|auth|session)"
-                           r"[^=&\s]*=)[^&\s'\"]+")
-_USERINFO = re.compile(r"(://)[^/@\s'\"]+@")
 READ_CHUNK = 1 << 20  # bytes per read() from a stream; the memory a download holds
 CHUNK_BYTES = 64 << 20  # bytes per ranged GET where the backend cannot stream
 
@@ -51,31 +46,6 @@ def protocol(url: str) -> str:
 def is_remote(url: str) -> bool:
     """True for URLs read through fsspec (anything but paths, file: and pipe:)."""
     return protocol(url) not in ("", "file", "pipe") and url != "-"
-
-
-def scrub(text: Any) -> str:
-    """``text`` with URL user-info and secret-looking query values masked."""
-    text = _USERINFO.sub(r"\1***@", str(text))
-    return _SECRET_QUERY.sub(r"\1***", text)
-
-
-def scrub_url(url: str) -> str:
-    parts = urlsplit(url)
-    netloc = parts.netloc.rpartition("@")[2] if "@" in parts.netloc else parts.netloc
-    if "@" in parts.netloc:
-        netloc = "***@" + netloc
-    query = urlencode([(k, "***" if _SECRET_KEY.search(k) else v) for k, v in parse_qsl(parts.query, True)])
-    return urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
-
-
-def scrub_options(options: Any) -> Any:
-    """A copy of ``storage_options`` with secret-looking values masked (for repr and logs)."""
-    if isinstance(options, dict):
-        return {k: ("***" if isinstance(k, str) and _SECRET_KEY.search(k) and v is not None
-                    else scrub_options(v)) for k, v in options.items()}
-    if isinstance(options, (list, tuple)):
-        return type(options)(scrub_options(v) for v in options)
-    return scrub(options) if isinstance(options, str) else options
 
 
 def filesystem(url: str, storage_options: dict | None = None):

@@ -36,6 +36,7 @@ from typing import Any
 
 import numpy as np
 
+from ..core.redact import scrub
 from ..core.units import MAX_LENGTH
 from .errors import ShardError
 from .lengths import LengthSpec
@@ -77,7 +78,7 @@ def sidecar_path(url: str, index_dir: str | None = None) -> str:
         return url.split("?", 1)[0] + SIDECAR_SUFFIX
     if not is_local(url):
         raise ValueError(
-            f"shard {url!r} is not a local file, so its sidecar cannot sit next to it; pass index_dir= "
+            f"shard {scrub(url)!r} is not a local file, so its sidecar cannot sit next to it; pass index_dir= "
             "(a local directory for the sidecars) when indexing and when streaming"
         )
     return local_path(url) + SIDECAR_SUFFIX

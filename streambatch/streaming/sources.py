@@ -31,6 +31,7 @@ from typing import Any
 import numpy as np
 
 from ..core.mix import Mix, SourceSpec, cycle_order, stream_pieces
+from ..core.redact import scrub
 from ..core.types import IntLike, UrlsLike
 from .catalog import Catalog, open_catalog
 from .replan import WindowInput
@@ -109,7 +110,7 @@ def open_sources(sources: Source | Sequence[Source], *, samples_per_epoch: IntLi
     sizes = [c.num_samples for c in cats]
     empty = [i for i, n in enumerate(sizes) if n == 0]
     if empty:
-        raise ValueError(f"source {empty[0]} ({sources[empty[0]].urls!r:.100}) holds no samples; remove it")
+        raise ValueError(f"source {empty[0]} ({scrub(repr(sources[empty[0]].urls)[:100])}) holds no samples; remove it")
     mix = Mix.build(sizes, [s.spec() for s in sources], samples_per_epoch)
     catalog = _concat(cats)
     bounds = np.concatenate([[0], np.cumsum([len(c.urls) for c in cats])]).astype(np.int64)

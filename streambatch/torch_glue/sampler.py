@@ -6,7 +6,6 @@ prefetching DataLoader in ``prefetch.py``."""
 from __future__ import annotations
 
 import dataclasses
-import logging
 import sys
 import weakref
 from collections.abc import Iterator, Sequence
@@ -20,6 +19,7 @@ from ..core.hashing import hash_array
 from ..core.long_samples import check_max_length, too_long
 from ..core.mix import Mix, specs_from
 from ..core.plan import Plan, RankBatches, config_fingerprint
+from ..core.redact import logger
 from ..core.types import FlagLike, IntLike, LengthsLike, NumberLike
 from ..core.validation import check_flag, check_int, coerce_lengths
 from ..integrations.guard import check_per_rank_sampler
@@ -30,7 +30,7 @@ from .distributed import active, agree, resolve_world, will_check
 from .prefetch import prefetching_loader
 from .sampler_state import SamplerStateMixin
 
-log = logging.getLogger("streambatch.sampler")
+log = logger("streambatch.sampler")
 
 
 class DynamicBatchSampler(SamplerStateMixin, Sampler[list[int]]):
