@@ -212,7 +212,8 @@ def test_gnu_incremental_dump_indexes(tree, fmt):
                     "-C", str(root), "d"], check=True)
     with tarfile.open(shard) as tf:
         types = {m.type for m in tf}
-    assert fmt == "posix" or tarfile.GNUTYPE_SPARSE not in types and b"D" in types  # dump directories
+    if fmt == "gnu":
+        assert b"D" in types  # dump directories, whose data lists the directory
     got = dict(_walk(str(shard)))
     # Names as GNU tar lists them: its incremental headers keep atime/ctime where ustar has the
     # name prefix; GNU tar, libarchive and Go read the name alone (Python's tarfile prepends them).

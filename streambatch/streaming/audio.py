@@ -10,6 +10,7 @@ what ``decode_audio`` decodes.
 
 from __future__ import annotations
 
+import functools
 import io
 import struct
 from typing import Any
@@ -42,15 +43,24 @@ def audio_ext(suffix: str) -> str | None:
     return ext if ext in AUDIO_FORMATS else None
 
 
+@functools.cache
+def _readable_formats() -> frozenset[str]:
+    import soundfile  # optional: only for containers without a hand parser
+
+    return frozenset(soundfile.available_formats())
+
+
 def soundfile_format(ext: str) -> str:
     """The soundfile format that reads ``ext``, checked against the installed
     libsndfile; ValueError saying what to install otherwise."""
     try:
-        import soundfile
+        readable = _readable_formats()
     except ImportError:
         raise ValueError(f"reading .{ext} audio needs the soundfile package: pip install soundfile") from None
     fmt = AUDIO_FORMATS[ext]
-    if fmt not in soundfile.available_formats():
+    if fmt not in readable:
+        import soundfile
+
         raise ValueError(f"the installed libsndfile ({soundfile.__libsndfile_version__}) cannot read {fmt} "
                          f"(.{ext}) files; install a newer soundfile (pip install -U soundfile)")
     return fmt
