@@ -4,15 +4,30 @@ Indexing needs only the number of frames and the sample rate of each audio
 member. WAV (RIFF/RF64) and FLAC store both in their first bytes, so they are
 parsed here by hand: indexing reads a few kilobytes per sample instead of the
 audio. Other containers fall back to ``soundfile.info`` on the whole member.
+``AUDIO_FORMATS`` is the one list of audio suffixes: what lengths measure is
+what ``decode_audio`` decodes.
 """
 
 from __future__ import annotations
 
+import functools
 import io
 import struct
 from typing import Any
 
-AUDIO_EXTS = ("flac", "wav", "ogg", "opus", "mp3")
+# Member suffix -> the soundfile (libsndfile) format that decodes it: one registry for
+# lengths (``audio`` / ``audio:SUFFIX``), ``decode_audio`` and ``collate_audio``. Only
+# suffixes that name audio unambiguously: not .mat (Matlab data), .htk (mostly features),
+# .raw (no header), .mpc (Musepack, which libsndfile does not read) or .sd2 (resource forks).
+AUDIO_FORMATS: dict[str, str] = {
+    "wav": "WAV", "wave": "WAV", "rf64": "RF64", "w64": "W64", "flac": "FLAC",
+    "ogg": "OGG", "oga": "OGG", "opus": "OGG", "mp3": "MP3",
+    "sph": "NIST", "nist": "NIST", "aiff": "AIFF", "aif": "AIFF", "aifc": "AIFF",
+    "au": "AU", "snd": "AU", "caf": "CAF", "voc": "VOC", "avr": "AVR", "paf": "PAF", "pvf": "PVF",
+    "sds": "SDS", "xi": "XI", "wve": "WVE", "ircam": "IRCAM", "svx": "SVX", "8svx": "SVX",
+}
+AUDIO_EXTS = tuple(AUDIO_FORMATS)
+HEADER_EXTS = ("wav", "wave", "rf64", "flac")  # lengths parsed from the first bytes, by hand
 
 # Enough for a WAV header with a LIST/INFO chunk before ``data``.
 HEADER_BYTES = 64 * 1024
@@ -25,18 +40,80 @@ class NeedMoreBytes(Exception):
 def audio_ext(suffix: str) -> str | None:
     """The audio format of a member suffix (``"16k.flac"`` -> ``"flac"``), else None."""
     ext = suffix.rsplit(".", 1)[-1].lower()
-    return ext if ext in AUDIO_EXTS else None
+    return ext if ext in AUDIO_FORMATS else None
+
+
+@functools.cache
+def _readable_formats() -> frozenset[str]:
+    import soundfile  # optional: only for containers without a hand parser
+
+    return frozenset(soundfile.available_formats())
+
+
+def soundfile_format(ext: str) -> str:
+    """The soundfile format that reads ``ext``, checked against the installed
+    libsndfile; ValueError saying what to install otherwise."""
+    try:
+        readable = _readable_formats()
+    except ImportError:
+        raise ValueError(f"reading .{ext} audio needs the soundfile package: pip install soundfile") from None
+    fmt = AUDIO_FORMATS[ext]
+    if fmt not in readable:
+        import soundfile
+
+        raise ValueError(f"the installed libsndfile ({soundfile.__libsndfile_version__}) cannot read {fmt} "
+                         f"(.{ext}) files; install a newer soundfile (pip install -U soundfile)")
+    return fmt
+
+
+# WAV format tags (and WAVE_FORMAT_EXTENSIBLE sub-formats) whose frames are data bytes / block align
+_ONE_FRAME_PER_BLOCK = {0x0001: "PCM", 0x0003: "IEEE float", 0x0006: "A-law", 0x0007: "mu-law"}
+_EXTENSIBLE = 0xFFFE
+
+
+def _codec_frames(tag: int, channels: int, block_align: int, ext: bytes, data: int) -> int | None:
+    """Frames of a block-coded WAV ``data`` chunk of ``data`` bytes, counted as
+    libsndfile (and so ``decode="audio"``) counts them, or None for a codec
+    without such a rule. A final partial block decodes whole; the odd byte of
+    an odd-sized chunk counts (RIFF pads chunks to even sizes)."""
+    data += data & 1
+    if tag in (0x0011, 0x0002):  # IMA ADPCM, MS ADPCM: wSamplesPerBlock in the fmt extension
+        if len(ext) < 2:
+            raise ValueError(f"WAV {'IMA' if tag == 0x11 else 'MS'} ADPCM fmt chunk has no samples-per-block field")
+        (per_block,) = struct.unpack_from("<H", ext)
+        if tag == 0x0011:
+            return -(-data // block_align) * per_block
+        return data // block_align * per_block  # libsndfile drops a partial MS ADPCM block
+    if tag == 0x0031:  # GSM 6.10: 320 samples in each 65-byte block
+        return -(-data // 65) * 320
+    if tag == 0x0040 and channels == 1:  # G.721 ADPCM: 120 samples in 60 bytes
+        return -(-data // 60) * 120
+    if tag == 0x0038 and channels == 1:  # NMS VBX ADPCM: 160 samples per block
+        return -(-data // block_align) * 160
+    return None
 
 
 def wav_info(head: bytes, member_size: int) -> tuple[int, int]:
-    """(frames, sample_rate) of a WAV/RF64 file from its first bytes."""
+    """(frames, sample_rate) of a WAV/RF64 file from its first bytes.
+
+    PCM, float, A-law and mu-law: data bytes / block align. Block codecs
+    (IMA/MS ADPCM, GSM 6.10, G.721, NMS ADPCM): samples per block x blocks,
+    as libsndfile decodes them. Any other codec: the ``fact`` chunk's sample
+    count, which may follow ``data`` (then NeedMoreBytes asks for the rest).
+    """
     if len(head) < 12 or head[:4] not in (b"RIFF", b"RF64", b"BW64") or head[8:12] != b"WAVE":
         raise ValueError("not a RIFF/WAVE header")
     pos = 12
-    block_align = rate = 0
-    ds64_data = None
+    block_align = rate = channels = 0
+    tag = None
+    ext = b""
+    ds64_data = fact = None
+    data = None  # (size of the data chunk) once seen, for a codec that needs the fact chunk after it
     while True:
         if pos + 8 > len(head):
+            if data is not None and pos + 8 > member_size:
+                raise ValueError(f"WAV codec 0x{tag:04x} needs a fact chunk (its sample count), and the file has "
+                                 "none; re-encode it (e.g. to PCM or FLAC)")
             raise NeedMoreBytes
         cid = head[pos : pos + 4]
         (csize,) = struct.unpack_from("<I", head, pos + 4)
@@ -46,18 +123,39 @@ def wav_info(head: bytes, member_size: int) -> tuple[int, int]:
                 raise NeedMoreBytes
             (ds64_data,) = struct.unpack_from("<Q", head, body + 8)
         elif cid == b"fmt ":
-            if body + 16 > len(head):
+            if body + min(csize, 64) > len(head):
                 raise NeedMoreBytes
-            _, _, rate, _, block_align = struct.unpack_from("<HHIIH", head, body)
-        elif cid == b"data":
+            if csize < 16:
+                raise ValueError(f"WAV fmt chunk of {csize} bytes (at least 16 expected)")
+            tag, channels, rate, _, block_align = struct.unpack_from("<HHIIH", head, body)
+            ext = b""
+            if csize >= 18:
+                (cb_size,) = struct.unpack_from("<H", head, body + 16)
+                ext = head[body + 18 : body + 18 + min(cb_size, csize - 18, 46)]
+            if tag == _EXTENSIBLE and len(ext) >= 22:
+                (tag,) = struct.unpack_from("<H", ext, 6)  # the first two bytes of the SubFormat GUID
+        elif cid == b"fact" and csize >= 4:
+            if body + 4 > len(head):
+                raise NeedMoreBytes
+            (fact,) = struct.unpack_from("<I", head, body)
+            if data is not None:
+                return fact, rate
+        elif cid == b"data" and data is None:
             if not block_align:
                 raise ValueError("WAV fmt chunk gives block align 0" if rate else "WAV data chunk before its fmt chunk")
             if csize == 0xFFFFFFFF and ds64_data is not None:
                 csize = ds64_data
             elif csize in (0, 0xFFFFFFFF):  # written as a stream: the data runs to the end
                 csize = member_size - body
-            csize = min(csize, member_size - body)
-            return csize // block_align, rate
+            size = min(csize, member_size - body)
+            if tag in _ONE_FRAME_PER_BLOCK or tag == _EXTENSIBLE:
+                return size // block_align, rate
+            frames = _codec_frames(tag, channels, block_align, ext, size)
+            if frames is not None:
+                return frames, rate
+            if fact is not None:
+                return fact, rate
+            data = size  # look for a fact chunk after the data
         pos = body + csize + (csize & 1)
 
 
@@ -89,11 +187,12 @@ def audio_info(data: bytes, ext: str, member_size: int) -> tuple[int, int]:
 
     Raises NeedMoreBytes when ``data`` is a prefix too short to decide.
     """
-    if ext == "wav":
+    if ext in HEADER_EXTS and ext != "flac":
         frames, rate = wav_info(data, member_size)
     elif ext == "flac":
         frames, rate = flac_info(data)
     else:
+        soundfile_format(ext)  # before reading the whole member: say if soundfile cannot read it
         if len(data) < member_size:
             raise NeedMoreBytes
         import soundfile  # optional: only for containers without a fixed header
@@ -152,7 +251,12 @@ def collate_audio(batch: list[dict[str, Any]]) -> dict[str, Any]:
             elif not k.startswith("__") and not audio_ext(k):
                 others.setdefault(k, []).append(v)
         if found is None:
-            raise ValueError(f"sample {s.get('__key__')!r} has no decoded audio member; pass decode='audio'")
+            members = sorted(k for k in s if not k.startswith("__"))
+            if any(audio_ext(k) for k in members):
+                why = "its audio is still bytes: pass decode='audio' to StreamingBatches"
+            else:
+                why = f"none of its members {members} has an audio suffix ({', '.join(AUDIO_EXTS)})"
+            raise ValueError(f"sample {s.get('__key__')!r} has no decoded audio member: {why}")
         audio.append(found[0])
         rates.add(found[1])
     if len(rates) > 1:

@@ -19,7 +19,7 @@ import numpy as np
 from ..core.redact import scrub_url, scrubbing
 from ..core.types import IntLike, LengthFrom, UrlsLike
 from ..core.validation import check_int
-from .audio import HEADER_BYTES, audio_ext
+from .audio import HEADER_BYTES, HEADER_EXTS, audio_ext
 from .catalog_file import catalog_arrays, default_catalog_path, merge_parts, part_path, write_catalog
 from .errors import ShardError
 from .lengths import LengthSpec, length_of, length_spec
@@ -28,7 +28,7 @@ from .remote import is_remote
 from .remote_index import AUDIO_HEAD, READAHEAD, exists, open_ranged
 from .shard_identity import HashingStream, content_hasher, shard_stat, staleness
 from .sidecar import SidecarFile, sidecar_path, write_sidecar
-from .tar import TarScanner, sample_groups
+from .tar import TarScanner, read_member, sample_groups
 
 
 def index_shard(url: str, spec: LengthSpec, storage_options: dict | None = None,
@@ -55,7 +55,7 @@ def index_shard(url: str, spec: LengthSpec, storage_options: dict | None = None,
         if not spec.wants(suffix):
             return None
         # WAV/FLAC frame counts sit in the first bytes: on a file, skip the audio.
-        return head if seekable and audio_ext(suffix) in ("wav", "flac") else -1
+        return head if seekable and audio_ext(suffix) in HEADER_EXTS else -1
 
     if remote:
         stat = stat or shard_stat(url, storage_options)
@@ -70,11 +70,7 @@ def index_shard(url: str, spec: LengthSpec, storage_options: dict | None = None,
         for sample in sample_groups(TarScanner(f, url), want):
 
             def reread(name: str, sample=sample) -> bytes:  # a header longer than HEADER_BYTES
-                here = f.tell()
-                f.seek(sample.data_at[name])
-                data = f.read(sample.sizes[name])
-                f.seek(here)
-                return data
+                return read_member(f, sample, name)  # sparse members rebuilt too
 
             where = f"shard {scrub_url(url)}, sample {sample.key!r} at byte {sample.offset}"
             lengths.append(length_of(spec, sample.members, sample.sizes, reread, where))

@@ -104,7 +104,14 @@ def length_spec(length_from: LengthFrom = "json:duration", frames_per_second: fl
         if length_from == "audio":
             return LengthSpec("audio", frames_per_second=fps)
         if length_from.startswith("audio:") and len(length_from) > 6:
-            return LengthSpec("audio", suffix=length_from[6:].lower(), frames_per_second=fps)
+            suffix = length_from[6:].lower()
+            if audio_ext(suffix) is None:
+                # every suffix measured here must also decode with decode="audio"
+                raise ValueError(
+                    f"length_from={length_from!r}: {suffix.rsplit('.', 1)[-1]!r} is not an audio format that "
+                    f"decode='audio' reads ({', '.join(AUDIO_EXTS)}); measure other members with a function "
+                    "of the sample as length_from")
+            return LengthSpec("audio", suffix=suffix, frames_per_second=fps)
     raise ValueError(
         f"length_from must be 'json:FIELD' (e.g. 'json:duration'), 'audio', 'audio:SUFFIX' or a function "
         f"of the sample dict, got {length_from!r}"
@@ -138,8 +145,9 @@ def length_of(spec: LengthSpec, members: dict[str, bytes], sizes: dict[str, int]
         return spec.to_length(value, where)
     name = next((s for s in members if spec.wants(s)), None)
     if name is None:
-        raise ValueError(f"{where}: no audio member ({spec.suffix or '/'.join(AUDIO_EXTS)}) to measure")
-    ext = audio_ext(name) or spec.suffix
+        want = f"a .{spec.suffix} member" if spec.suffix else f"a member with an audio suffix ({', '.join(AUDIO_EXTS)})"
+        raise ValueError(f"{where}: no audio member to measure: the sample has {sorted(sizes)}, not {want}")
+    ext = audio_ext(name)
     try:
         try:
             frames, rate = audio_info(members[name], ext, sizes[name])

@@ -3,9 +3,14 @@ seeking, streams by reading), ``sample_groups`` groups the members of a scan
 into webdataset samples (one stage, shared by the indexer and the reader),
 and ``parse_sample`` turns one sample's bytes back into a sample dict.
 
-Unlike ``tarfile``, a corrupt header, a truncated member or a missing
-end-of-archive marker is a ``ShardError`` naming the shard and byte offset,
-never a silent early end, an endless loop or an unbounded allocation.
+Members read as ``tarfile`` reads them: sparse members (GNU old style, pax
+0.0/0.1/1.0; ``tar_sparse.py``) are rebuilt into the files they stand for,
+and the data of member types tarfile does not know (GNU 'D' dump
+directories, 'M' multi-volume continuations, 'V' volume labels, ...) is
+skipped. Unlike ``tarfile``, a corrupt header, a truncated member, a damaged
+sparse map or a missing end-of-archive marker is a ``ShardError`` naming the
+shard and byte offset, never a silent early end, an endless loop or an
+unbounded allocation.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ from dataclasses import dataclass, field
 
 from webdataset.tariterators import base_plus_ext
 
+from . import tar_sparse
 from .errors import ShardError
 
 # webdataset's own rule for members that are not sample data (tariterators.py)
@@ -47,21 +53,28 @@ _GNU_NAME_TYPES = (tarfile.GNUTYPE_LONGNAME, tarfile.GNUTYPE_LONGLINK)
 _MAX_EXTENDED = 1 << 20
 _PAX_LENGTH = re.compile(rb"([0-9]+) ")
 _DECIMAL = re.compile(r"[0-9]+")
+_GNU_MAGIC = b"ustar  \0"
 
 
 class TarEntry:
     """One tar member: ``offset`` of its first header block (including any
-    pax/GNU long-name headers before it), ``data_offset``, ``size``, and the
+    pax/GNU long-name headers before it), ``data_offset`` (its first stored
+    data byte), ``size`` (of the file: the real size of a sparse member),
+    ``stored`` (data bytes in the archive from ``data_offset``), ``sparse``
+    (a sparse member's data regions, else None; see ``tar_sparse``), and the
     padded ``end`` where the next member starts."""
 
-    __slots__ = ("offset", "name", "size", "data_offset", "regular")
+    __slots__ = ("offset", "name", "size", "data_offset", "regular", "stored", "sparse")
 
-    def __init__(self, offset: int, name: str, size: int, data_offset: int, regular: bool):
+    def __init__(self, offset: int, name: str, size: int, data_offset: int, regular: bool,
+                 stored: int | None = None, sparse: tar_sparse.Regions | None = None):
         self.offset, self.name, self.size, self.data_offset, self.regular = offset, name, size, data_offset, regular
+        self.stored = size if stored is None else stored
+        self.sparse = sparse
 
     @property
     def end(self) -> int:
-        return self.data_offset + _padded(self.size)
+        return self.data_offset + _padded(self.stored)
 
 
 def _padded(n: int) -> int:
@@ -97,6 +110,8 @@ class TarScanner:
             f.seek(here)
         self._data_left = 0
         self._pad = 0
+        self._sparse: tar_sparse.Regions | None = None  # the current member's regions, if sparse
+        self._real = self._real_left = 0
         self._done = False
 
     def _truncated(self, at: int, what: str) -> ShardError:
@@ -129,8 +144,22 @@ class TarScanner:
             n -= got
 
     def read_data(self, n: int | None = None) -> bytes:
-        """Up to ``n`` bytes (all if None) of the current member's remaining data."""
+        """Up to ``n`` bytes (all if None) of the current member's remaining
+        data; for a sparse member, of the file it stands for (holes as zeros)."""
+        if self._sparse is not None:
+            n = self._real_left if n is None else min(n, self._real_left)
+            buf = tar_sparse.rebuild(self._sparse, self._real, self._real - self._real_left, n, self._read_stored)
+            self._real_left -= n
+            return buf
         n = self._data_left if n is None else min(n, self._data_left)
+        buf = self._read(n)
+        self._data_left -= len(buf)
+        if len(buf) != n:
+            raise self._truncated(self.pos, "a member's data runs past the end")
+        return buf
+
+    def _read_stored(self, offset: int, n: int) -> bytes:
+        # ``rebuild`` asks for the stored regions in order, so this is the next ``n`` stored bytes
         buf = self._read(n)
         self._data_left -= len(buf)
         if len(buf) != n:
@@ -146,6 +175,7 @@ class TarScanner:
         self._skip(self._data_left)  # sizes were checked against the file when seekable
         self._skip(self._pad)
         self._data_left = self._pad = 0
+        self._sparse = None
 
     def _check_end(self, at: int) -> None:
         """After a zero block at ``at``: a second one, then only zeros to EOF."""
@@ -176,6 +206,7 @@ class TarScanner:
         self._finish_member()
         first = self.pos
         overrides: dict[str, str] = {}
+        sparse_00: list[tuple[str, str]] = []  # pax 0.0 repeats its map records, in order
         while True:
             start = self.pos
             block = self._read(_BLOCK)
@@ -213,9 +244,18 @@ class TarScanner:
                 if ti.type == tarfile.GNUTYPE_LONGNAME:
                     overrides["path"] = data.split(b"\0", 1)[0].decode("utf-8", "surrogateescape")
                 elif ti.type != tarfile.XGLTYPE and ti.type != tarfile.GNUTYPE_LONGLINK:
-                    overrides.update(_pax_records(data, self.url, start))
+                    for key, value in _pax_records(data, self.url, start):
+                        overrides[key] = value
+                        if key in ("GNU.sparse.offset", "GNU.sparse.numbytes"):
+                            sparse_00.append((key, value))
                 continue
             name = overrides.get("path", ti.name)
+            if block[257:265] == _GNU_MAGIC and block[345] and "path" not in overrides:
+                # Old GNU headers keep atime/ctime (incremental dumps) where ustar has its name
+                # prefix: GNU tar, libarchive and Go read the name alone (tarfile prepends the times).
+                name = tarfile.nts(block[:100], "utf-8", "surrogateescape")
+            # tarfile takes a sparse member's name from GNU.sparse.name (pax 0.1 and 1.0)
+            name = overrides.get("GNU.sparse.name", name)
             size = ti.size
             if "size" in overrides:
                 if not _DECIMAL.fullmatch(overrides["size"]):
@@ -223,18 +263,28 @@ class TarScanner:
                                      f"{overrides['size']!r} is not a decimal number")
                 size = int(overrides["size"])
             regular = ti.type in tarfile.REGULAR_TYPES
-            if regular:
-                self._check_fits(first, self.pos, size)
-            self._data_left = size if regular else 0
-            self._pad = _padded(size) - size if regular else 0
-            return TarEntry(first, name, self._data_left, self.pos, ti.isreg())
+            if not regular and ti.type in tarfile.SUPPORTED_TYPES:
+                # links, directories, devices, fifos: no data (as tarfile reads them)
+                return TarEntry(first, name, 0, self.pos, False)
+            # Regular members, and every type tarfile does not know (GNU 'D' dump directories,
+            # 'M' multi-volume continuations, 'V' volume labels, 'N'): their data is skipped.
+            sparse = tar_sparse.read_map(self, ti, block, overrides, sparse_00, first, name, size) if regular else None
+            if sparse is not None:
+                regions, real, size = sparse
+            self._check_fits(first, self.pos, size)
+            self._data_left = size
+            self._pad = _padded(size) - size
+            if sparse is None:
+                return TarEntry(first, name, size if regular else 0, self.pos, regular, size)
+            self._sparse, self._real, self._real_left = regions, real, real
+            return TarEntry(first, name, real, self.pos, True, size, regions)
 
 
-def _pax_records(data: bytes, url: str, offset: int) -> dict[str, str]:
-    """The records ``"%d %s=%s\\n"`` of a pax extended header, strictly: each
-    length must be a decimal that spans its own length field, key, ``=`` and
-    the closing newline, within the data."""
-    out, pos = {}, 0
+def _pax_records(data: bytes, url: str, offset: int) -> list[tuple[str, str]]:
+    """The records ``"%d %s=%s\\n"`` of a pax extended header, in order,
+    strictly: each length must be a decimal that spans its own length field,
+    key, ``=`` and the closing newline, within the data."""
+    out, pos = [], 0
     while pos < len(data) and data[pos] != 0:
         m = _PAX_LENGTH.match(data, pos)
         length = int(m.group(1)) if m else 0
@@ -246,7 +296,7 @@ def _pax_records(data: bytes, url: str, offset: int) -> dict[str, str]:
         if not eq or not key:
             raise ShardError(f"corrupt pax header in shard {url} at byte {offset}: record "
                              f"{bytes(data[pos:end][:40])!r} has no key=value")
-        out[key.decode("utf-8", "surrogateescape")] = value.decode("utf-8", "surrogateescape")
+        out.append((key.decode("utf-8", "surrogateescape"), value.decode("utf-8", "surrogateescape")))
         pos = end
     return out
 
@@ -257,8 +307,10 @@ class TarSample:
 
     offset: byte of the sample's first header; end: byte after its last
     member's padded data. members: suffix -> the bytes the caller asked for
-    (possibly only a head); sizes / data_at: suffix -> member size and the
-    byte its data starts at.
+    (possibly only a head); sizes / data_at: suffix -> member size (of the
+    file, for a sparse member) and the byte its stored data starts at;
+    sparse: suffix -> the data regions of a sparse member (``read_member``
+    reads either kind back).
     """
 
     key: str
@@ -267,6 +319,7 @@ class TarSample:
     members: dict[str, bytes] = field(default_factory=dict)
     sizes: dict[str, int] = field(default_factory=dict)
     data_at: dict[str, int] = field(default_factory=dict)
+    sparse: dict[str, tar_sparse.Regions] = field(default_factory=dict)
 
 
 def sample_groups(scanner: TarScanner, want: Callable[[str], int | None]) -> Iterator[TarSample]:
@@ -292,12 +345,35 @@ def sample_groups(scanner: TarScanner, want: Callable[[str], int | None]) -> Ite
                              f"at byte {entry.offset}")
         cur.sizes[suffix] = entry.size
         cur.data_at[suffix] = entry.data_offset
+        if entry.sparse is not None:
+            cur.sparse[suffix] = entry.sparse
         n = want(suffix)
         if n is not None:
             cur.members[suffix] = scanner.read_data(None if n < 0 else n)
         cur.end = entry.end
     if cur is not None:
         yield cur
+
+
+def read_member(f, sample: TarSample, suffix: str) -> bytes:
+    """The whole member ``suffix`` of ``sample``, read again from ``f``, a
+    seekable file of the shard (offsets as scanned); a sparse member is
+    rebuilt from its regions. ``f``'s position is kept."""
+    here = f.tell()
+    try:
+        at, size = sample.data_at[suffix], sample.sizes[suffix]
+        regions = sample.sparse.get(suffix)
+        if regions is None:
+            f.seek(at)
+            return f.read(size)
+
+        def read(offset: int, n: int) -> bytes:
+            f.seek(at + offset)
+            return f.read(n)
+
+        return tar_sparse.rebuild(regions, size, 0, size, read)
+    finally:
+        f.seek(here)
 
 
 def parse_sample(buf: bytes, url: str, offset: int, key: str) -> dict:
