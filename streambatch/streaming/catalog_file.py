@@ -24,7 +24,7 @@ from typing import Any, TypeGuard
 
 import numpy as np
 
-from .remote import is_remote
+from .remote import RetryPolicy, is_remote
 from .remote_index import load_npz, npz_bytes, write_bytes
 
 CATALOG_SUFFIX = ".catalog.npz"
@@ -87,11 +87,12 @@ def catalog_arrays(urls, sidecars, metas: list[dict], lengths: list[np.ndarray],
     return meta, arrays
 
 
-def write_catalog(path: str, meta: dict, arrays: dict, storage_options: dict | None = None) -> None:
-    """Write atomically: a local temp file + rename, or one object PUT."""
+def write_catalog(path: str, meta: dict, arrays: dict, storage_options: dict | None = None, *,
+                  retry: RetryPolicy | None = None) -> None:
+    """Write atomically: a local temp file + rename, or one object PUT (under ``retry``)."""
     data = npz_bytes(meta, arrays)
     if is_remote(path):
-        write_bytes(path, data, storage_options)
+        write_bytes(path, data, storage_options, retry)
         return
     directory = os.path.dirname(os.path.abspath(path))
     os.makedirs(directory, exist_ok=True)
@@ -106,11 +107,13 @@ def write_catalog(path: str, meta: dict, arrays: dict, storage_options: dict | N
         raise
 
 
-def read_catalog(path: str, storage_options: dict | None = None) -> dict[str, Any]:
+def read_catalog(path: str, storage_options: dict | None = None, *,
+                 retry: RetryPolicy | None = None) -> dict[str, Any]:
     """The catalog's contents: meta plus urls, sidecars, etags, digests
-    (lists of str), counts, sizes (int64) and lengths (int32/int64) arrays."""
+    (lists of str), counts, sizes (int64) and lengths (int32/int64) arrays.
+    A remote catalog is one GET under ``retry`` (its timeout bounds each wait)."""
     try:
-        z = load_npz(os.fspath(path), storage_options)
+        z = load_npz(os.fspath(path), storage_options, retry)
     except FileNotFoundError:
         raise FileNotFoundError(f"no catalog at {path}; write one with "
                                 f"`streambatch index SHARDS --catalog {path}`") from None
@@ -128,18 +131,20 @@ def read_catalog(path: str, storage_options: dict | None = None) -> dict[str, An
     return out
 
 
-def catalog_urls(path: str | os.PathLike, storage_options: dict | None = None) -> list[str]:
+def catalog_urls(path: str | os.PathLike, storage_options: dict | None = None, *,
+                 retry: RetryPolicy | None = None) -> list[str]:
     """The shard URLs a catalog lists (reads only its ``urls`` and ``meta``)."""
-    with load_npz(os.fspath(path), storage_options) as z:
+    with load_npz(os.fspath(path), storage_options, retry) as z:
         n = int(json.loads(z["meta"].tobytes().decode())["shards"])
         return _untext(z["urls"], n)
 
 
-def merge_parts(path: str, parts: int, storage_options: dict | None = None) -> dict[str, Any]:
+def merge_parts(path: str, parts: int, storage_options: dict | None = None, *,
+                retry: RetryPolicy | None = None) -> dict[str, Any]:
     """Merge ``part-*-of-parts`` files into the catalog at ``path``; shards
     keep the order of the original list (parts interleave: shard k is in
     part k mod parts). Returns the catalog's meta."""
-    loaded = [_read_part(part_path(path, i, parts), storage_options) for i in range(parts)]
+    loaded = [_read_part(part_path(path, i, parts), storage_options, retry) for i in range(parts)]
     total = sum(p["meta"]["shards"] for p in loaded)
     order = [(k % parts, k // parts) for k in range(total)]
     spec = {p["meta"]["length_from"] for p in loaded}
@@ -152,13 +157,13 @@ def merge_parts(path: str, parts: int, storage_options: dict | None = None) -> d
     metas = [{"etag": e or None, "digest": d, "size": int(z) if z >= 0 else None}
              for e, d, z in zip(pick("etags"), pick("digests"), pick("sizes"))]
     meta, arrays = catalog_arrays(pick("urls"), pick("sidecars"), metas, lengths, spec.pop())
-    write_catalog(path, meta, arrays, storage_options)
+    write_catalog(path, meta, arrays, storage_options, retry=retry)
     return meta
 
 
-def _read_part(path: str, storage_options: dict | None) -> dict[str, Any]:
+def _read_part(path: str, storage_options: dict | None, retry: RetryPolicy | None = None) -> dict[str, Any]:
     try:
-        return read_catalog(path, storage_options)
+        return read_catalog(path, storage_options, retry=retry)
     except FileNotFoundError:
         raise FileNotFoundError(f"catalog part {path} is missing: its indexing job has not finished (or "
                                 "failed); run it again, then merge") from None
