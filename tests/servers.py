@@ -1,14 +1,15 @@
 """Real servers on 127.0.0.1 for the remote-storage tests.
 
-- ``nginx_server(root)``: Debian's nginx serving a directory over HTTP/1.1
-  with Range requests and ETags, as a foreground process with a generated
+- ``nginx_server(root, ranges=True)``: Debian's nginx serving a directory
+  over HTTP/1.1 with Range requests (``ranges=False``: ``max_ranges 0``, so
+  every GET is answered 200 with the whole file) and ETags, as a foreground process with a generated
   config; its access log records every request with the bytes it sent.
 - ``s3_server()``: moto's S3 API server in a subprocess, spoken to over HTTP
   by boto3 and s3fs.
 - ``FaultProxy``: a small TCP proxy (threads and sockets) in front of either,
   HTTP-aware enough to add latency per request, answer 503 to chosen
-  requests, reset a connection after N response bytes, and count requests and
-  bytes.
+  requests, reset a connection after N response bytes, never answer (or go
+  silent after N response bytes), and count requests and bytes.
 
 Each is a context manager; tests skip (``pytest.skip``) when nginx or moto is
 not installed. Nothing here mocks storage: clients speak real HTTP to real
@@ -127,6 +128,7 @@ http {{
     server {{
         listen {host}:{port};
         root {root};
+        {max_ranges}
         location / {{ autoindex on; }}
     }}
 }}
@@ -134,8 +136,9 @@ http {{
 
 
 @contextlib.contextmanager
-def nginx_server(root):
-    """nginx serving directory ``root`` on a free 127.0.0.1 port until the block ends."""
+def nginx_server(root, ranges: bool = True):
+    """nginx serving directory ``root`` on a free 127.0.0.1 port until the
+    block ends; ``ranges=False``: a server that ignores Range headers."""
     binary = nginx_binary()
     if binary is None:
         pytest.skip("nginx is not installed (apt-get install -y --no-install-recommends nginx-light)")
@@ -145,7 +148,8 @@ def nginx_server(root):
     user = "user root;" if os.geteuid() == 0 else ""
     conf = os.path.join(prefix, "nginx.conf")
     with open(conf, "w") as f:
-        f.write(_NGINX_CONF.format(prefix=prefix, user=user, host=HOST, port=port, root=os.path.abspath(root)))
+        f.write(_NGINX_CONF.format(prefix=prefix, user=user, host=HOST, port=port, root=os.path.abspath(root),
+                             max_ranges="" if ranges else "max_ranges 0;"))
     open(os.path.join(prefix, "access.log"), "w").close()
     # -e: the error log before the config is read (else /var/log/nginx, maybe unwritable).
     proc = subprocess.Popen([binary, "-p", prefix, "-c", conf, "-e", os.path.join(prefix, "error.log")],
@@ -224,7 +228,7 @@ def s3_server():
 
 @dataclass
 class Request:
-    """One request seen by the proxy; ``fault`` is '503', 'reset' or ''."""
+    """One request seen by the proxy; ``fault`` is '503', 'reset', 'hang' or ''."""
 
     method: str
     target: str
@@ -237,7 +241,9 @@ class _Conn:
         self.client, self.upstream = client, upstream
         self.down = 0  # response bytes sent to the client on this connection
         self.reset_at: int | None = None
+        self.hang_at: int | None = None  # response bytes after which the proxy goes silent
         self.closed = False
+        self.gone = threading.Event()  # set on close: a silent side waits on it
         self.lock = threading.Lock()
 
     def close(self, reset: bool = False) -> None:
@@ -245,6 +251,7 @@ class _Conn:
             if self.closed:
                 return
             self.closed = True
+        self.gone.set()
         if reset:  # RST instead of FIN: the client sees "connection reset by peer"
             with contextlib.suppress(OSError):
                 self.client.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
@@ -268,7 +275,12 @@ class FaultProxy:
     - ``reset_next`` / ``reset_after``: reset the connection (TCP RST) after
       ``reset_after`` response bytes, for the next k requests;
     - ``reset_every``: the same for every n-th request (0: off);
-    - ``stall``: seconds of silence before such a reset (a read timeout).
+    - ``stall``: seconds of silence before such a reset (a read timeout);
+    - ``hang_next`` / ``hang_after``: for the next k requests, pass
+      ``hang_after`` response bytes (0: the request is never forwarded, so no
+      answer at all), then send nothing more, ever, keeping the connection
+      open (a server that stopped answering: only the client's timeout ends
+      the wait).
 
     ``requests`` lists what arrived, ``bytes_down`` counts response bytes
     sent to clients (headers included). Stop it with ``close()`` or use it as
@@ -283,6 +295,8 @@ class FaultProxy:
         self.reset_next = self.reset_every = 0
         self.reset_after = 0
         self.stall = 0.0
+        self.hang_next = 0
+        self.hang_after = 0
         self.requests: list[Request] = []
         self.bytes_down = 0
         self._lock = threading.Lock()
@@ -360,6 +374,9 @@ class FaultProxy:
                 return "reset"
             if self.reset_every and self._seen % self.reset_every == 0:
                 return "reset"
+            if self.hang_next > 0:
+                self.hang_next -= 1
+                return "hang"
             return ""
 
     def _requests(self, conn: _Conn) -> None:
@@ -392,10 +409,15 @@ class FaultProxy:
                     conn.client.sendall(b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: text/plain\r\n"
                                         b"Content-Length: %d\r\nConnection: close\r\n\r\n%s" % (len(body), body))
                     return
+                if fault == "hang" and not self.hang_after:
+                    while conn.client.recv(65536):  # swallow the request; answer nothing until the client leaves
+                        pass
+                    return
                 if self.latency:
                     time.sleep(self.latency)
                 # No pipelining: the previous response is complete, so conn.down is where this one starts.
                 conn.reset_at = conn.down + self.reset_after if fault == "reset" else None
+                conn.hang_at = conn.down + self.hang_after if fault == "hang" else None
                 conn.upstream.sendall(head + b"\r\n\r\n")
                 if "chunked" in headers.get("transfer-encoding", "").lower():
                     conn.upstream.sendall(buf)
@@ -422,6 +444,14 @@ class FaultProxy:
                 data = conn.upstream.recv(65536)
                 if not data:
                     break
+                at = conn.hang_at
+                if at is not None and conn.down + len(data) >= at:
+                    part = data[: max(0, at - conn.down)]
+                    if part:
+                        conn.client.sendall(part)
+                    self._count(conn, len(part))
+                    conn.gone.wait()  # silent, connection open, until the client or the proxy closes it
+                    return
                 at = conn.reset_at
                 if at is not None and conn.down + len(data) >= at:
                     part = data[: max(0, at - conn.down)]

@@ -44,22 +44,24 @@ def torchrun_part() -> tuple[int, int] | None:
 
 def run_index(args: argparse.Namespace) -> int:
     from ..streaming.indexer import index_shards, merge_catalog, parse_part
+    from ..streaming.remote import RetryPolicy
 
     shards = [u for text in args.shards for u in shard_list(text)]
     options = storage_options(args.storage_option) or None
+    retry = RetryPolicy(timeout=args.timeout)
     catalog = False if args.no_catalog else (args.catalog or True)
     if args.merge:
         meta = merge_catalog(shards, args.merge, index_dir=args.index_dir, catalog=args.catalog,
-                             storage_options=options)
+                             storage_options=options, retry=retry)
         print(f"merged {args.merge} parts: catalog of {meta['shards']:,} shards, {meta['samples']:,} samples")
         return 0
     part = parse_part(args.part) if args.part else torchrun_part()
     s = index_shards(shards, length_from=args.length_from, frames_per_second=args.frames_per_second,
                      index_dir=args.index_dir, workers=args.workers,
                      progress=not args.no_progress and sys.stderr.isatty(), force=args.force,
-                     storage_options=options, part=part, catalog=catalog)
+                     storage_options=options, part=part, catalog=catalog, retry=retry)
     if part is not None and part[1] > 1 and not args.part and not args.no_catalog:
-        _merge_under_torchrun(shards, part, args, options)
+        _merge_under_torchrun(shards, part, args, options, retry)
     fps = args.frames_per_second
     sec = (lambda v: f" ({v / fps:.1f} s)") if fps else (lambda v: "")
     where = f"in {scrub(args.index_dir)}" if args.index_dir else "next to the shards"
@@ -82,7 +84,7 @@ def run_index(args: argparse.Namespace) -> int:
     return 0
 
 
-def _merge_under_torchrun(shards, part, args, options) -> None:
+def _merge_under_torchrun(shards, part, args, options, retry=None) -> None:
     """Every rank has written its part: meet at a barrier, rank 0 merges."""
     import torch.distributed as dist
 
@@ -94,7 +96,8 @@ def _merge_under_torchrun(shards, part, args, options) -> None:
     try:
         dist.barrier()
         if part[0] == 0:
-            merge_catalog(shards, part[1], index_dir=args.index_dir, catalog=args.catalog, storage_options=options)
+            merge_catalog(shards, part[1], index_dir=args.index_dir, catalog=args.catalog, storage_options=options,
+                          retry=retry)
         dist.barrier()
     finally:
         if own:
@@ -129,6 +132,9 @@ def add_parser(sub: Any) -> None:
     ix.add_argument("--storage-option", "-s", action="append", default=[], metavar="KEY=VALUE",
                     help="fsspec option for remote shards, repeatable (e.g. endpoint_url=http://host:9000, "
                          "anon=true); credentials come from the environment as usual, never from logs")
+    ix.add_argument("--timeout", type=positive_float, default=60.0, metavar="SECONDS",
+                    help="seconds to wait for a server's answer to each remote request before retrying it "
+                         "(RetryPolicy.timeout; default 60)")
     ix.add_argument("--catalog", metavar="PATH", help="the catalog file to write (default: <index-dir or the "
                     "first shard's directory>/streambatch.catalog.npz)")
     ix.add_argument("--no-catalog", action="store_true", help="write sidecars only")

@@ -29,7 +29,7 @@ from .catalog_trust import TrustLike, check_trust
 from .errors import ShardError
 from .lengths import length_spec
 from .reader import expand_urls, is_local
-from .remote import is_remote
+from .remote import RetryPolicy, is_remote
 from .remote_index import exists
 from .shard_identity import VERIFY_MODES, staleness
 from .sidecar import SidecarFile, _digest, sidecar_path
@@ -107,13 +107,13 @@ def _narrow(lengths: np.ndarray) -> np.ndarray:
     return lengths
 
 
-def _load(url: str, path: str, spec,
-          storage_options: dict | None = None) -> tuple[dict, np.ndarray | None, str | None]:
+def _load(url: str, path: str, spec, storage_options: dict | None = None,
+          retry: RetryPolicy | None = None) -> tuple[dict, np.ndarray | None, str | None]:
     """(meta, lengths, why unusable) of one sidecar; lengths only if usable."""
-    if not exists(path, storage_options):
+    if not exists(path, storage_options, retry):
         return {}, None, "no sidecar"
     try:
-        with SidecarFile(path, storage_options) as sc:
+        with SidecarFile(path, storage_options, retry) as sc:
             why = staleness(url, sc.meta, verify="stat")
             if why is None and spec is not None and sc.meta["length_from"] != spec.describe():
                 why = f"lengths came from {sc.meta['length_from']!r}, not {spec.describe()!r}"
@@ -134,7 +134,7 @@ def open_catalog(urls: UrlsLike, *, index_dir: str | None = None, index_missing:
                  length_from: LengthFrom | None = None, frames_per_second: float | None = None,
                  index_workers: IntLike | None = 1,
                  url_hint: str | None = None, verify: str = "stat", storage_options: dict | None = None,
-                 trust_catalog: TrustLike = False) -> Catalog:
+                 trust_catalog: TrustLike = False, retry: RetryPolicy | None = None) -> Catalog:
     """Find and check every shard's sidecar, and read every sample's length;
     or read a catalog file (``urls`` = ``.../NAME.catalog.npz``, local or
     remote: one request, no sidecar opened).
@@ -148,12 +148,14 @@ def open_catalog(urls: UrlsLike, *, index_dir: str | None = None, index_missing:
     ``shard_identity.py`` for what each guarantees). ``trust_catalog``: what
     the entries of a catalog file may be beyond its own storage's URLs
     (``catalog_trust.py``; True: anything, ``pipe:`` commands included).
+    ``retry``: the ``RetryPolicy`` of remote catalog and sidecar reads (its
+    timeout bounds each wait).
     """
     trust = check_trust(trust_catalog)
     if verify not in VERIFY_MODES:
         raise ValueError(f"verify must be one of {VERIFY_MODES}, got {verify!r}")
     if is_catalog(urls):
-        return _from_file(os.fspath(urls), length_from, frames_per_second, storage_options, trust)
+        return _from_file(os.fspath(urls), length_from, frames_per_second, storage_options, trust, retry)
     urls = expand_urls(urls)
     paths = [sidecar_path(u, index_dir) for u in urls]
     dup = _first_duplicate(paths)
@@ -165,7 +167,7 @@ def open_catalog(urls: UrlsLike, *, index_dir: str | None = None, index_missing:
     spec = length_spec(length_from, frames_per_second) if length_from is not None else None
     if any(is_remote(p) for p in paths):  # one request each: overlap them
         with ThreadPoolExecutor(16) as pool:
-            loaded = list(pool.map(lambda up: _load(up[0], up[1], spec, storage_options), zip(urls, paths)))
+            loaded = list(pool.map(lambda up: _load(up[0], up[1], spec, storage_options, retry), zip(urls, paths)))
     else:
         loaded = [_load(url, path, spec) for url, path in zip(urls, paths)]
     if verify == "full":
@@ -198,8 +200,8 @@ def open_catalog(urls: UrlsLike, *, index_dir: str | None = None, index_missing:
 
 
 def _from_file(path: str, length_from: Any, frames_per_second: Any, storage_options: dict | None,
-               trust: bool | frozenset[str]) -> Catalog:
-    c = read_catalog(path, storage_options, trust=trust)
+               trust: bool | frozenset[str], retry: RetryPolicy | None = None) -> Catalog:
+    c = read_catalog(path, storage_options, trust=trust, retry=retry)
     if length_from is not None:
         want = length_spec(length_from, frames_per_second).describe()
         if c["meta"]["length_from"] != want:

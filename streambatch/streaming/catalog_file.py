@@ -30,7 +30,7 @@ import numpy as np
 
 from ..core.redact import scrub
 from .catalog_trust import relative_entries, resolve_entries
-from .remote import is_remote
+from .remote import RetryPolicy, is_remote
 from .remote_index import load_npz, npz_bytes, write_bytes
 
 CATALOG_SUFFIX = ".catalog.npz"
@@ -95,11 +95,12 @@ def catalog_arrays(urls, sidecars, metas: list[dict], lengths: list[np.ndarray],
     return meta, arrays
 
 
-def write_catalog(path: str, meta: dict, arrays: dict, storage_options: dict | None = None) -> None:
-    """Write atomically: a local temp file + rename, or one object PUT."""
+def write_catalog(path: str, meta: dict, arrays: dict, storage_options: dict | None = None, *,
+                  retry: RetryPolicy | None = None) -> None:
+    """Write atomically: a local temp file + rename, or one object PUT (under ``retry``)."""
     data = npz_bytes(meta, arrays)
     if is_remote(path):
-        write_bytes(path, data, storage_options)
+        write_bytes(path, data, storage_options, retry)
         return
     directory = os.path.dirname(os.path.abspath(path))
     os.makedirs(directory, exist_ok=True)
@@ -115,14 +116,15 @@ def write_catalog(path: str, meta: dict, arrays: dict, storage_options: dict | N
 
 
 def read_catalog(path: str, storage_options: dict | None = None, *,
-                 trust: bool | frozenset[str] = False) -> dict[str, Any]:
+                 trust: bool | frozenset[str] = False, retry: RetryPolicy | None = None) -> dict[str, Any]:
     """The catalog's contents: meta plus urls, sidecars, etags, digests
     (lists of str), counts, sizes (int64) and lengths (int32/int64) arrays.
     urls and sidecars come resolved and checked against ``trust``
     (``catalog_trust.py``): an entry the catalog may not list is an
-    ``UntrustedCatalogError`` before anything opens it."""
+    ``UntrustedCatalogError`` before anything opens it. A remote catalog is
+    one GET under ``retry`` (its timeout bounds each wait)."""
     try:
-        z = load_npz(os.fspath(path), storage_options)
+        z = load_npz(os.fspath(path), storage_options, retry)
     except FileNotFoundError:
         raise FileNotFoundError(scrub(f"no catalog at {path}; write one with "
                                       f"`streambatch index SHARDS --catalog {path}`")) from None
@@ -143,20 +145,21 @@ def read_catalog(path: str, storage_options: dict | None = None, *,
 
 
 def catalog_urls(path: str | os.PathLike, storage_options: dict | None = None, *,
-                 trust: bool | frozenset[str] = False) -> list[str]:
+                 trust: bool | frozenset[str] = False, retry: RetryPolicy | None = None) -> list[str]:
     """The shard URLs a catalog lists, resolved and checked as by
     ``read_catalog`` (reads only its ``urls`` and ``meta``)."""
-    with load_npz(os.fspath(path), storage_options) as z:
+    with load_npz(os.fspath(path), storage_options, retry) as z:
         meta = json.loads(z["meta"].tobytes().decode())
         urls = _untext(z["urls"], int(meta["shards"]))
     return resolve_entries(os.fspath(path), urls, version=int(meta.get("version", 1)), trust=trust, what="shard")
 
 
-def merge_parts(path: str, parts: int, storage_options: dict | None = None) -> dict[str, Any]:
+def merge_parts(path: str, parts: int, storage_options: dict | None = None, *,
+                retry: RetryPolicy | None = None) -> dict[str, Any]:
     """Merge ``part-*-of-parts`` files into the catalog at ``path``; shards
     keep the order of the original list (parts interleave: shard k is in
     part k mod parts). Returns the catalog's meta."""
-    loaded = [_read_part(part_path(path, i, parts), storage_options) for i in range(parts)]
+    loaded = [_read_part(part_path(path, i, parts), storage_options, retry) for i in range(parts)]
     total = sum(p["meta"]["shards"] for p in loaded)
     order = [(k % parts, k // parts) for k in range(total)]
     spec = {p["meta"]["length_from"] for p in loaded}
@@ -169,13 +172,13 @@ def merge_parts(path: str, parts: int, storage_options: dict | None = None) -> d
     metas = [{"etag": e or None, "digest": d, "size": int(z) if z >= 0 else None}
              for e, d, z in zip(pick("etags"), pick("digests"), pick("sizes"))]
     meta, arrays = catalog_arrays(pick("urls"), pick("sidecars"), metas, lengths, spec.pop(), at=path)
-    write_catalog(path, meta, arrays, storage_options)
+    write_catalog(path, meta, arrays, storage_options, retry=retry)
     return meta
 
 
-def _read_part(path: str, storage_options: dict | None) -> dict[str, Any]:
+def _read_part(path: str, storage_options: dict | None, retry: RetryPolicy | None = None) -> dict[str, Any]:
     try:
-        return read_catalog(path, storage_options, trust=True)  # parts this job's own indexers wrote
+        return read_catalog(path, storage_options, trust=True, retry=retry)  # parts this job's own indexers wrote
     except FileNotFoundError:
         raise FileNotFoundError(scrub(f"catalog part {path} is missing: its indexing job has not finished (or "
                                       "failed); run it again, then merge")) from None

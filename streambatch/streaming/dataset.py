@@ -40,7 +40,7 @@ from .dataset_setup import (
 from .dataset_state import StateMixin
 from .failures import open_channel
 from .position import SharedState
-from .remote import RetryPolicy
+from .remote import RetryPolicy, as_policy
 from .remote_io import RemoteIO, check_identity
 from .replan import plain_inputs, plan_windows, summarize_windows
 from .sources import Source, SourceCatalog, is_sources, mixed_inputs, source_of_shards
@@ -163,7 +163,8 @@ class StreamingBatches(StateMixin, ReadingMixin, IterableDataset):
             self.rank, world = resolve_world(rank, world_size)
             max_length, long_samples = check_max_length(max_length, long_samples)
             trust = check_trust(trust_catalog)
-            read_mode = resolve_read_mode(urls, read_mode, mixed, storage_options, trust)
+            policy = as_policy(retry)  # its timeout bounds every request made here, catalog reads included
+            read_mode = resolve_read_mode(urls, read_mode, mixed, storage_options, trust, policy)
             if window_samples is None:
                 window_samples = default_window(read_mode, world)
             self.config = WindowConfig.build(max_batch_tokens, max_batch_size, world, shuffle, drop_last, seed,
@@ -189,10 +190,9 @@ class StreamingBatches(StateMixin, ReadingMixin, IterableDataset):
                     urls, mixed=mixed, samples_per_epoch=samples_per_epoch, index_dir=index_dir,
                     index_missing=index_missing, length_from=length_from, frames_per_second=frames_per_second,
                     index_workers=index_workers, verify_shards=verify_shards, storage_options=storage_options,
-                    trust_catalog=trust)
+                    trust_catalog=trust, retry=policy)
                 if self.verify:  # remote shards changed since indexing: fail now, not mid-epoch
-                    check_identity(self.catalog, self.rank, world, storage_options,
-                                   retry if isinstance(retry, RetryPolicy) else None)
+                    check_identity(self.catalog, self.rank, world, storage_options, policy)
                 self.remote = RemoteIO.for_catalog(self.catalog, self.rank, storage_options=storage_options,
                                                    cache_dir=cache_dir, prefetch_shards=prefetch_shards,
                                                    prefetch_bytes=prefetch_bytes, retry=retry)

@@ -19,6 +19,7 @@ from .affinity import warm_up as warm_up_affine
 from .catalog import Catalog, open_catalog
 from .catalog_file import catalog_urls, is_catalog
 from .reader import expand_urls, is_local
+from .remote import RetryPolicy
 from .sources import SourceCatalog, open_sources
 from .window import WindowConfig, check_read_mode
 
@@ -32,12 +33,13 @@ def check_verify(verify: Any) -> tuple[bool, str]:
 
 
 def resolve_read_mode(urls: Any, read_mode: str | None, mixed: bool, storage_options: dict | None,
-                      trust: bool | frozenset[str] = False) -> str:
+                      trust: bool | frozenset[str] = False, retry: RetryPolicy | None = None) -> str:
     """The read mode: None picks ``"sample"`` when every shard (of every
     source, for a mix) is a local file, else ``"shard"``."""
     if read_mode is None:
         lists = [x.urls for x in _as_list(urls)] if mixed else [urls]
-        shard_urls = [u for x in lists for u in (catalog_urls(x, storage_options, trust=trust) if is_catalog(x) else
+        shard_urls = [u for x in lists for u in (catalog_urls(x, storage_options, trust=trust, retry=retry)
+                                                 if is_catalog(x) else
                                                  expand_urls(x))]
         read_mode = "sample" if all(is_local(u) for u in shard_urls) else "shard"
     return check_read_mode(read_mode)
@@ -72,19 +74,21 @@ def index_missing_shares(urls: Any, mixed: bool, rank: int, world_size: int, ind
 
 def open_shards(urls: Any, *, mixed: bool, samples_per_epoch: Any, index_dir: str | None, index_missing: bool,
                 length_from: Any, frames_per_second: Any, index_workers: Any, verify_shards: str,
-                storage_options: dict | None, trust_catalog: bool | frozenset[str] = False
+                storage_options: dict | None, trust_catalog: bool | frozenset[str] = False,
+                retry: RetryPolicy | None = None
                 ) -> tuple[SourceCatalog | None, Catalog]:
     """(the mix of sources or None, the catalog of every shard) from the sidecars."""
     if mixed:
         sources = open_sources(urls, samples_per_epoch=samples_per_epoch, index_dir=index_dir,
                                index_missing=index_missing, length_from=length_from,
                                frames_per_second=frames_per_second, index_workers=index_workers,
-                               verify=verify_shards, storage_options=storage_options, trust_catalog=trust_catalog)
+                               verify=verify_shards, storage_options=storage_options, trust_catalog=trust_catalog,
+                               retry=retry)
         return sources, sources.catalog
     return None, open_catalog(urls, index_dir=index_dir, index_missing=index_missing, length_from=length_from,
                               frames_per_second=frames_per_second, index_workers=index_workers,
                               url_hint=urls if isinstance(urls, str) else None, verify=verify_shards,
-                              storage_options=storage_options, trust_catalog=trust_catalog)
+                              storage_options=storage_options, trust_catalog=trust_catalog, retry=retry)
 
 
 def check_samples(catalog: Catalog, max_length: int | None, long_samples: str) -> None:

@@ -7,12 +7,15 @@ scan and member grouping are ``tar.py``'s.
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
+import threading
 import time
 from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import urlsplit
 
 import numpy as np
 
@@ -24,24 +27,66 @@ from .catalog_file import catalog_arrays, default_catalog_path, merge_parts, par
 from .errors import ShardError
 from .lengths import LengthSpec, length_of, length_spec
 from .reader import expand_urls, is_local, local_path, open_shard
-from .remote import is_remote
-from .remote_index import AUDIO_HEAD, READAHEAD, exists, open_ranged
+from .remote import RangeIgnored, RetryPolicy, as_policy, is_remote
+from .remote_index import AUDIO_HEAD, READAHEAD, StreamFile, exists, open_ranged, remote_stat
 from .shard_identity import HashingStream, content_hasher, shard_stat, staleness
 from .sidecar import SidecarFile, sidecar_path, write_sidecar
 from .tar import TarScanner, read_member, sample_groups
 
+log = logging.getLogger("streambatch.streaming")
+
+
+class RangeNotice:
+    """One warning per indexing run for servers that ignore Range requests,
+    and the hosts found doing so (their other shards stream at once)."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self.hosts: set[str] = set()
+
+    def ignores(self, url: str) -> bool:
+        return urlsplit(url).netloc in self.hosts
+
+    def note(self, url: str) -> None:
+        parts = urlsplit(url)
+        with self._lock:
+            first = not self.hosts
+            self.hosts.add(parts.netloc)
+        if first:
+            log.warning("the server of %s ignores Range requests (it answered a ranged GET with the whole shard): "
+                        "indexing streams each of its shards once, front to back, reading every byte (a server "
+                        "that honours Range reads about 4 KiB per sample); serve the shards with Range support "
+                        "(nginx does unless `max_ranges 0`) to index them cheaply", scrub_url(url))
+
 
 def index_shard(url: str, spec: LengthSpec, storage_options: dict | None = None,
-                stat: dict | None = None, hasher=None) -> dict[str, np.ndarray]:
+                stat: dict | None = None, hasher=None, retry: RetryPolicy | None = None,
+                ranges: RangeNotice | None = None) -> dict[str, np.ndarray]:
     """Scan one shard and return its sidecar arrays (see ``sidecar.py``).
 
     Local shards are scanned by seeking from header to header, reading only
     the members (or member heads) that ``spec`` needs; so are remote (fsspec)
-    shards, through small ranged reads (``remote_index.py``); pipes are read
-    whole (and fed to ``hasher``, a hashlib object, if given).
+    shards, through small ranged reads (``remote_index.py``) under ``retry``;
+    pipes are read whole (and fed to ``hasher``, a hashlib object, if given),
+    and so are remote shards on a server that ignores Range requests
+    (``ranges`` warns once per run and remembers the server).
     """
-    remote = is_remote(url)
-    seekable = is_local(url) or remote
+    if not is_remote(url):
+        return _scan(url, spec, storage_options, None, hasher, retry, ranged=False)
+    stat = stat or remote_stat(url, storage_options, retry)
+    ranges = ranges or RangeNotice()
+    if not ranges.ignores(url):
+        try:
+            return _scan(url, spec, storage_options, stat, None, retry, ranged=True)
+        except RangeIgnored:
+            ranges.note(url)
+    return _scan(url, spec, storage_options, stat, None, retry, ranged=False)
+
+
+def _scan(url: str, spec: LengthSpec, storage_options: dict | None, stat: dict | None, hasher,
+          retry: RetryPolicy | None, ranged: bool) -> dict[str, np.ndarray]:
+    remote = stat is not None
+    seekable = is_local(url) or (remote and ranged)
     head = AUDIO_HEAD if remote else HEADER_BYTES
     keys: list[bytes] = []
     lengths: list[int] = []
@@ -57,11 +102,12 @@ def index_shard(url: str, spec: LengthSpec, storage_options: dict | None = None,
         # WAV/FLAC frame counts sit in the first bytes: on a file, skip the audio.
         return head if seekable and audio_ext(suffix) in HEADER_EXTS else -1
 
-    if remote:
-        stat = stat or shard_stat(url, storage_options)
+    if remote and ranged:
         # A miss fetches a whole member head (pax header, record, header, first data block) in one GET.
         readahead = 1 << 20 if spec.needs_all_members() else READAHEAD
-        f = open_ranged(url, stat["size"], storage_options, readahead=readahead)
+        f = open_ranged(url, stat["size"], storage_options, readahead=readahead, retry=retry)
+    elif remote:  # one streaming GET, whole members read as from a pipe
+        f = StreamFile(url, stat, storage_options, retry)
     else:
         f = open_shard(url, seekable)
         if hasher is not None and not seekable:
@@ -82,7 +128,7 @@ def index_shard(url: str, spec: LengthSpec, storage_options: dict | None = None,
         raise ShardError(f"cannot read shard {url} (indexed {len(keys)} samples before the error): {exc}") from None
     finally:
         f.close()
-    if seekable:
+    if seekable or remote:
         file_size = stat["size"] if remote else os.path.getsize(local_path(url))
         if end > file_size:
             raise ShardError(f"shard {url} is truncated: its last sample ends at byte {end}, the file has {file_size}")
@@ -121,27 +167,32 @@ def _init_worker(spec: LengthSpec) -> None:
     _WORKER_SPEC = spec
 
 
+def _stat(url: str, storage_options: dict | None, retry: RetryPolicy | None) -> dict:
+    return remote_stat(url, storage_options, retry) if is_remote(url) else shard_stat(url, storage_options)
+
+
 def _index_one(url: str, path: str, spec: LengthSpec | None = None, storage_options: dict | None = None,
-               stat: dict | None = None) -> tuple[np.ndarray, dict]:
+               stat: dict | None = None, retry: RetryPolicy | None = None,
+               ranges: RangeNotice | None = None) -> tuple[np.ndarray, dict]:
     spec = spec or _WORKER_SPEC
-    stat = stat or shard_stat(url, storage_options)  # before the scan: a shard changed meanwhile then shows as stale
+    stat = stat or _stat(url, storage_options, retry)  # before the scan: a shard changed meanwhile then shows as stale
     if stat:
-        arrays = index_shard(url, spec, storage_options, stat)
+        arrays = index_shard(url, spec, storage_options, stat, retry=retry, ranges=ranges)
     else:  # a pipe is read whole by the scan: take its content digest on the way
         h = content_hasher()
         arrays = index_shard(url, spec, hasher=h)
         stat = {"content": h.hexdigest()}
-    meta = write_sidecar(path, url, arrays, spec, stat, storage_options)
+    meta = write_sidecar(path, url, arrays, spec, stat, storage_options, retry=retry)
     return arrays["lengths"], meta
 
 
-def _current(url: str, path: str, spec: LengthSpec, storage_options: dict | None):
+def _current(url: str, path: str, spec: LengthSpec, storage_options: dict | None, retry: RetryPolicy | None = None):
     """(lengths, meta, stat) of a sidecar that still describes its shard, or (None, None, stat)."""
-    stat = shard_stat(url, storage_options) if is_remote(url) else None
+    stat = remote_stat(url, storage_options, retry) if is_remote(url) else None
     try:
-        if not exists(path, storage_options):
+        if not exists(path, storage_options, retry):
             return None, None, stat
-        with SidecarFile(path, storage_options) as sc:
+        with SidecarFile(path, storage_options, retry=retry) as sc:
             if sc.meta["length_from"] == spec.describe() and staleness(url, sc.meta, stat) is None:
                 return sc.lengths(), sc.meta, stat
     except (ShardError, OSError):
@@ -178,7 +229,8 @@ class _PlainProgress:
 def index_shards(urls: UrlsLike, *, length_from: LengthFrom = "json:duration", frames_per_second: float | None = None,
                  index_dir: str | None = None, workers: IntLike | None = None, progress: bool = True,
                  force: bool = False, storage_options: dict[str, Any] | None = None,
-                 part: str | tuple[int, int] | None = None, catalog: str | bool | None = None) -> IndexSummary:
+                 part: str | tuple[int, int] | None = None, catalog: str | bool | None = None,
+                 retry: RetryPolicy | int | None = None) -> IndexSummary:
     """Write a sidecar for every shard that lacks a current one, then the
     dataset's catalog file.
 
@@ -198,9 +250,14 @@ def index_shards(urls: UrlsLike, *, length_from: LengthFrom = "json:duration", f
         ``<index_dir or the first shard's directory>/streambatch.catalog.npz``,
         False for none; None (default): the default path when any shard is
         remote or ``part`` is given, else none.
-    A sidecar written with another ``length_from`` counts as stale.
+    retry: ``RetryPolicy`` (or a number of retries) of every remote request:
+        its ``timeout`` bounds each wait for a server (default 60 s).
+    A sidecar written with another ``length_from`` counts as stale. A server
+    that ignores Range requests has its shards streamed whole, with a warning.
     """
     t0 = time.perf_counter()
+    retry = as_policy(retry)
+    ranges = RangeNotice()
     all_urls = expand_urls(urls)
     spec = length_spec(length_from, frames_per_second)
     i_part, n_parts = parse_part(part)
@@ -213,7 +270,7 @@ def index_shards(urls: UrlsLike, *, length_from: LengthFrom = "json:duration", f
     if force:
         todo = list(range(len(urls)))
     else:
-        checks = _map(lambda i: _current(urls[i], paths[i], spec, storage_options), range(len(urls)),
+        checks = _map(lambda i: _current(urls[i], paths[i], spec, storage_options, retry), range(len(urls)),
                       workers if remote else 1)
         for i, (got, meta, stat) in enumerate(checks):
             if got is None:
@@ -226,7 +283,7 @@ def index_shards(urls: UrlsLike, *, length_from: LengthFrom = "json:duration", f
         if remote or workers == 1 or len(todo) <= 1:
             # Remote shards: threads (the work is waiting on ranged reads).
             def one(i):
-                return i, _index_one(urls[i], paths[i], spec, storage_options, stats.get(i))
+                return i, _index_one(urls[i], paths[i], spec, storage_options, stats.get(i), retry, ranges)
 
             for i, (got, meta) in _map(one, todo, 1 if len(todo) <= 1 else workers, ordered=False):
                 lengths[i], metas[i] = got, meta
@@ -254,7 +311,7 @@ def index_shards(urls: UrlsLike, *, length_from: LengthFrom = "json:duration", f
         at = target if n_parts == 1 else part_path(target, i_part, n_parts)
         meta, arrays = catalog_arrays(urls, paths, [metas[i] for i in range(len(urls))],
                                       [lengths[i] for i in range(len(urls))], spec.describe(), at=at)
-        write_catalog(at, meta, arrays, storage_options)
+        write_catalog(at, meta, arrays, storage_options, retry=retry)
     every = np.concatenate([lengths[i] for i in range(len(urls))]) if urls else np.zeros(0, np.int64)
     qs = {"min": 0, "p5": 5, "p50": 50, "p95": 95, "max": 100}
     pct = {k: int(np.percentile(every, q, method="nearest")) for k, q in qs.items()} if every.size else {}
@@ -282,11 +339,12 @@ def parse_part(part: Any) -> tuple[int, int]:
 
 @scrubbing
 def merge_catalog(urls: UrlsLike, parts: int, *, index_dir: str | None = None, catalog: str | None = None,
-                  storage_options: dict[str, Any] | None = None) -> dict[str, Any]:
+                  storage_options: dict[str, Any] | None = None,
+                  retry: RetryPolicy | int | None = None) -> dict[str, Any]:
     """Merge the ``parts`` catalog parts written by ``index_shards(part=...)``
-    into the catalog. Returns the catalog's meta."""
+    into the catalog (``retry``: as for ``index_shards``). Returns the catalog's meta."""
     target = os.fspath(catalog) if catalog else default_catalog_path(expand_urls(urls), index_dir)
-    return merge_parts(target, parts, storage_options)
+    return merge_parts(target, parts, storage_options, retry=as_policy(retry))
 
 
 def _map(fn, items, workers: int, ordered: bool = True):

@@ -11,10 +11,17 @@ read) is retried with exponential backoff, resuming from the byte reached;
 after ``RetryPolicy.retries`` failures without progress it becomes a
 ``ShardError`` naming the URL and the byte offset. URLs and options are
 scrubbed of credentials before they reach a message or a log line.
+
+Every network call waits at most ``RetryPolicy.timeout`` for an answer
+(``call``): on an async fsspec backend (HTTP, S3, GCS) the coroutine is
+cancelled on fsspec's event loop when the time is up; a sync backend's call
+runs in a thread that is abandoned then. A timeout is a transient fault:
+retried, then a ``ShardError`` that names the timeout and how to raise it.
 """
 
 from __future__ import annotations
 
+import numbers
 import random
 import threading
 import time
@@ -67,6 +74,70 @@ def filesystem(url: str, storage_options: dict | None = None):
             raise ValueError(f"no fsspec backend reads {proto}:// URLs ({scrub(url)}); use a path, "
                              "s3://, gs://, http(s)://, hf:// or pipe:") from None
         raise
+
+
+# ---------------------------------------------------------------- bounded calls
+
+
+class NetworkTimeout(TimeoutError):
+    """No answer within ``RetryPolicy.timeout`` (transient: retried)."""
+
+
+def deadline(timeout: float, nbytes: int = 0) -> float:
+    """Seconds a call moving ``nbytes`` may take: ``timeout`` per MiB started
+    (a metadata request or a small read: ``timeout``), so a large ranged GET
+    on a slow link is not cut off while bytes still flow."""
+    return timeout * max(1, -(-int(nbytes) // READ_CHUNK))
+
+
+def call(fs, method: str, *args, timeout: float, **kwargs):
+    """``fs.<method>(*args, **kwargs)`` answered within ``timeout`` seconds,
+    else ``NetworkTimeout``. Async backends run the coroutine on fsspec's loop
+    under ``asyncio.wait_for`` (cancelled when the time is up, so the socket
+    is closed, whatever the backend's own timeouts: aiohttp's 300 s, botocore's
+    read timeout); sync backends run it in a daemon thread, left behind if it
+    never returns."""
+    coro = getattr(fs, "_" + method, None) if getattr(fs, "async_impl", False) else None
+    if coro is not None and getattr(fs, "loop", None) is not None:
+        from fsspec.asyn import sync
+        from fsspec.exceptions import FSTimeoutError
+
+        try:
+            return sync(fs.loop, coro, *args, timeout=timeout, **kwargs)
+        except FSTimeoutError:
+            raise NetworkTimeout(f"no answer within {timeout:g} s") from None
+    return _in_thread(getattr(fs, method), args, kwargs, timeout)
+
+
+def _in_thread(fn, args, kwargs, timeout: float):
+    box: dict[str, Any] = {}
+    done = threading.Event()
+
+    def run():
+        try:
+            box["value"] = fn(*args, **kwargs)
+        except BaseException as exc:  # handed to the caller below
+            box["error"] = exc
+        finally:
+            done.set()
+
+    threading.Thread(target=run, name="streambatch-io", daemon=True).start()
+    if not done.wait(timeout):
+        raise NetworkTimeout(f"no answer within {timeout:g} s")
+    if "error" in box:
+        raise box["error"]
+    return box["value"]
+
+
+def as_policy(retry: Any) -> RetryPolicy:
+    """A ``RetryPolicy`` from None (the default), an int (retries) or a policy."""
+    if retry is None:
+        return RetryPolicy()
+    if isinstance(retry, RetryPolicy):
+        return retry
+    if isinstance(retry, bool) or not isinstance(retry, numbers.Integral) or retry < 0:
+        raise ValueError(f"retry must be a RetryPolicy or an integer >= 0 (the number of retries), got {retry!r}")
+    return RetryPolicy(retries=int(retry))
 
 
 def normalize_etag(etag: Any) -> str | None:
@@ -123,6 +194,11 @@ class HTTPStatusError(OSError):
 
 class ShortRead(OSError):
     """The stream ended before the shard's known size."""
+
+
+class RangeIgnored(Exception):
+    """The server answered a ranged GET with the whole object (status 200):
+    it ignores Range requests (not retried: it will again)."""
 
 
 class StaleShard(Exception):
@@ -187,12 +263,13 @@ class IOStats:
 class RemoteShard:
     """A shard addressed by URL: identity, ranged reads and whole-shard
     downloads, with retries. ``size`` / ``etag`` are what the index recorded
-    (None: unknown); a download whose object differs raises ShardError."""
+    (None: unknown); a download whose object differs raises ShardError.
+    ``kind`` names the object in messages ("shard", "catalog", "sidecar")."""
 
     def __init__(self, url: str, storage_options: dict | None = None, *, size: int | None = None,
                  etag: str | None = None, retry: RetryPolicy | None = None, stats: IOStats | None = None,
-                 chunk_bytes: int = CHUNK_BYTES):
-        self.url, self.size, self.etag = url, size, normalize_etag(etag)
+                 chunk_bytes: int = CHUNK_BYTES, kind: str = "shard"):
+        self.url, self.size, self.etag, self.kind = url, size, normalize_etag(etag), kind
         self.retry = retry or RetryPolicy()
         self.stats = stats or IOStats()
         self.chunk_bytes = chunk_bytes
@@ -209,9 +286,10 @@ class RemoteShard:
             self._fs = filesystem(self.url, self._options)
         return self._fs
 
-    def _with_retries(self, what: str, fn, where=lambda: 0):
+    def _with_retries(self, what: str, fn, where=lambda: 0, passthrough: tuple[type, ...] = (RangeIgnored,)):
         """Call fn() until it succeeds, retrying transient errors; the count
-        of failures starts again whenever ``where()`` (the byte reached) moved."""
+        of failures starts again whenever ``where()`` (the byte reached) moved.
+        A non-transient error of a ``passthrough`` type is raised as it is."""
         fails, last = 0, where()
         while True:
             try:
@@ -227,30 +305,74 @@ class RemoteShard:
                     fails, last = 0, at
                 why = _describe(exc)
                 if not is_transient(exc):
-                    raise ShardError(f"cannot {what} shard {self.name} at byte {at}: {why}") from None
+                    if isinstance(exc, passthrough):
+                        raise
+                    raise ShardError(f"cannot {what} {self.kind} {self.name} at byte {at}: {why}") from None
                 fails += 1
                 if fails > self.retry.retries:
-                    raise ShardError(f"cannot {what} shard {self.name} at byte {at}: gave up after {fails} "
-                                     f"attempts ({why})") from None
+                    hint = ""
+                    if isinstance(exc, TimeoutError):
+                        hint = (f"; the server sent nothing for RetryPolicy.timeout = {self.retry.timeout:g} s: "
+                                "to wait longer pass retry=RetryPolicy(timeout=SECONDS) (on the command line: "
+                                "`streambatch index --timeout SECONDS`)")
+                    raise ShardError(f"cannot {what} {self.kind} {self.name} at byte {at}: gave up after {fails} "
+                                     f"attempts ({why}){hint}") from None
                 delay = self.retry.delay(fails, self._rng)
-                log.warning("retrying shard %s at byte %d in %.2f s (attempt %d of %d): %s", self.name, at,
+                log.warning("retrying %s %s at byte %d in %.2f s (attempt %d of %d): %s", self.kind, self.name, at,
                             delay, fails, self.retry.retries, why)
                 self.stats.add(retries=1)
                 time.sleep(delay)
 
+    def request(self, what: str, method: str, *args, nbytes: int = 0, **kwargs):
+        """``fs.<method>(path, *args, **kwargs)`` with retries, each attempt
+        bounded by the policy's timeout (``deadline``)."""
+        fs, path = self._filesystem()
+
+        def attempt():
+            self.stats.add(requests=1)
+            return call(fs, method, path, *args, timeout=deadline(self.retry.timeout, nbytes), **kwargs)
+
+        return self._with_retries(what, attempt, passthrough=(FileNotFoundError,))
+
     def info(self) -> tuple[int | None, str | None]:
         """(size, etag) from one metadata request."""
         fs, path = self._filesystem()
-        self.stats.add(requests=1)
-        return self._with_retries("stat", lambda: object_identity(fs.info(path)))
+
+        def stat():
+            self.stats.add(requests=1)
+            return object_identity(call(fs, "info", path, timeout=self.retry.timeout))
+
+        return self._with_retries("stat", stat)
 
     def read_range(self, start: int, end: int) -> bytes:
-        """Bytes [start, end) in one ranged GET (fewer at the end of the object)."""
+        """Bytes [start, end) in one ranged GET (fewer at the end of the
+        object); ``RangeIgnored`` if the server answers with the whole object
+        instead (an HTTP server that ignores Range: nothing more is read)."""
         fs, path = self._filesystem()
+        http = type(fs).__module__.startswith("fsspec.implementations.http")
 
         def get():
-            self.stats.add(requests=1)
-            data = fs.cat_file(path, start=start, end=end)
+            if http:  # the status line tells whether the Range was honoured, before any body arrives
+                stream = self.open_at(start, end)
+                try:
+                    if stream.ignored_range and (start > 0 or stream.total is None or stream.total > end):
+                        raise RangeIgnored(f"asked for bytes {start}-{end - 1}, the server sent the whole object")
+                    parts, need = [], end - start
+                    while need > 0:
+                        chunk = stream.read(min(need, READ_CHUNK))
+                        if not chunk:
+                            break
+                        parts.append(chunk)
+                        need -= len(chunk)
+                finally:
+                    stream.close()
+                data = b"".join(parts)
+            else:
+                self.stats.add(requests=1)
+                data = call(fs, "cat_file", path, start=start, end=end,
+                            timeout=deadline(self.retry.timeout, end - start))
+                if len(data) > end - start:
+                    raise RangeIgnored(f"asked for {end - start} bytes at byte {start}, got {len(data)}")
             self.stats.add(nbytes=len(data))
             return data
 
@@ -268,12 +390,12 @@ class RemoteShard:
         kind = type(fs).__module__
         self.stats.add(requests=1)
         if kind.startswith("fsspec.implementations.http"):
-            return _AsyncStream(fs, _http_get, fs, path, offset, end, self.retry.timeout)
-        if kind.startswith("s3fs"):
-            return _AsyncStream(fs, _s3_get, fs, path, offset, end)
+            return _AsyncStream(fs, _http_get, fs, path, offset, end, self.retry.timeout, timeout=self.retry.timeout,
+                                bound=False)
+        if kind.startswith("s3fs"):  # botocore's read timeout would not follow the policy: wait_for does
+            return _AsyncStream(fs, _s3_get, fs, path, offset, end, timeout=self.retry.timeout)
         self.stats.add(requests=-1)  # counted per chunk below
-        stop = end if end is not None else self.size
-        return _ChunkedStream(fs, path, offset, stop, self.chunk_bytes, self.stats)
+        return _ChunkedStream(fs, path, offset, end, self.size, self.chunk_bytes, self.stats, self.retry.timeout)
 
     def download(self, out, start: int = 0, end: int | None = None) -> int:
         """Write bytes [start, end) of the object (end None: to its end) to

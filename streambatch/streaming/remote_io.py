@@ -131,7 +131,9 @@ def check_identity(catalog, rank: int, world_size: int, storage_options: dict | 
                    retry: RetryPolicy | None = None, threads: int = 16) -> None:
     """Before training: compare the size and ETag recorded at indexing with
     the objects' current ones, for this rank's share (shard k with k % W ==
-    rank) of the remote shards; raise ShardError naming the stale ones.
+    rank) of the remote shards; raise ShardError naming the stale ones (or
+    the unreadable ones: a server that does not answer within
+    ``retry.timeout`` fails here, within about timeout x (retries + 1)).
 
     Shards sharing a directory are checked with one listing where the
     backend lists sizes (S3, GCS: 1,000 objects per request), else with one
@@ -140,11 +142,12 @@ def check_identity(catalog, rank: int, world_size: int, storage_options: dict | 
     from concurrent.futures import ThreadPoolExecutor
 
     from .errors import ShardError
-    from .remote import RemoteShard, filesystem, is_remote, object_identity, scrub_url
+    from .remote import RemoteShard, call, filesystem, is_remote, object_identity, scrub_url
 
     sizes = getattr(catalog, "sizes", None)
     if sizes is None:
         return
+    retry = retry or RetryPolicy()
     etags = catalog.etags or ("",) * len(catalog.urls)
     mine = [k for k in range(rank, len(catalog.urls), world_size)
             if is_remote(catalog.urls[k]) and sizes[k] >= 0]
@@ -159,8 +162,10 @@ def check_identity(catalog, rank: int, world_size: int, storage_options: dict | 
             continue
         try:
             fs, path = filesystem(directory, storage_options)
+            # one try, bounded (a timeout per 1,000 shards: a page each on S3/GCS); a listing that fails
+            # or hangs falls back to one request per shard
             listing = {e["name"].rstrip("/").rsplit("/", 1)[-1]: object_identity(e)
-                       for e in fs.ls(path, detail=True)}
+                       for e in call(fs, "ls", path, detail=True, timeout=retry.timeout * -(-len(ks) // 1000))}
         except Exception:  # no listing here (e.g. plain HTTP): fall back to one request per shard
             continue
         for k in ks:
@@ -168,24 +173,29 @@ def check_identity(catalog, rank: int, world_size: int, storage_options: dict | 
             if got is not None and got[0] is not None:
                 found[k] = got
 
+    unreadable: dict[int, str] = {}
+
     def info(k: int):
         try:
             return k, RemoteShard(catalog.urls[k], storage_options, retry=retry).info()
         except ShardError as exc:
-            return k, (None, f"unreadable: {exc}")
+            unreadable[k] = str(exc)
+            return k, (None, None)
 
     rest = [k for k in mine if k not in found]
     if rest:
         with ThreadPoolExecutor(min(threads, len(rest))) as pool:
             found.update(dict(pool.map(info, rest)))
+    if unreadable:  # not stale, maybe: re-indexing is not the fix
+        first = unreadable[min(unreadable)]
+        raise ShardError(f"{len(unreadable)} of this rank's {len(mine)} remote shards cannot be read before "
+                         f"training (first: {first})")
     stale = []
     for k in mine:
         size, etag = found[k]
-        if size is None and etag and etag.startswith("unreadable: "):
-            stale.append(etag[len("unreadable: "):])
-        elif size != sizes[k] or (etag and etags[k] and etag != etags[k]):
+        if size != sizes[k] or (etag and etags[k] and etag != etags[k]):
             stale.append(f"{scrub_url(catalog.urls[k])} ({size} bytes, ETag {etag}; indexed: {sizes[k]} "
                          f"bytes, ETag {etags[k] or '?'})")
     if stale:
-        raise ShardError(f"{len(stale)} shards changed since they were indexed or cannot be read (first: "
-                         f"{stale[0]}); re-index them with `streambatch index --force` before training")
+        raise ShardError(f"{len(stale)} shards changed since they were indexed (first: {stale[0]}); re-index "
+                         "them with `streambatch index --force` before training")

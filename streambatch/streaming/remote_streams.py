@@ -1,21 +1,40 @@
 """One GET per stream: the response bodies ``RemoteShard`` reads from
 (HTTP(S) through fsspec's aiohttp session, S3 through s3fs/aiobotocore, ranged
 chunks for other fsspec backends, ``pipe:`` commands through webdataset's
-gopen). No retries here: ``remote.RemoteShard`` retries and resumes."""
+gopen). No retries here: ``remote.RemoteShard`` retries and resumes.
+
+Waiting is bounded by ``RetryPolicy.timeout`` everywhere: HTTP by aiohttp's
+``sock_connect``/``sock_read`` (an idle bound: a body that keeps flowing is
+never cut), S3 by ``asyncio.wait_for`` around the request and around each
+read (aiobotocore's ``read(n)`` returns what has arrived, so this too bounds
+the silence, not the transfer), ranged chunks by ``remote.call``."""
 
 from __future__ import annotations
 
 import contextlib
 
-from .remote import READ_CHUNK, HTTPStatusError, IOStats, normalize_etag, scrub
+from .remote import (
+    CHUNK_BYTES,
+    READ_CHUNK,
+    HTTPStatusError,
+    IOStats,
+    NetworkTimeout,
+    call,
+    deadline,
+    normalize_etag,
+    scrub,
+)
 
 
 class _Stream:
     """One GET from ``offset``: ``read(n)`` -> bytes (b'' at the end);
-    ``total`` (object size if the response told) and ``etag``."""
+    ``total`` (object size if the response told) and ``etag``;
+    ``ignored_range``: the server sent the whole object although a Range
+    was asked for (HTTP 200 instead of 206)."""
 
     total: int | None = None
     etag: str | None = None
+    ignored_range: bool = False
 
     def read(self, n: int) -> bytes:
         raise NotImplementedError
@@ -25,16 +44,29 @@ class _Stream:
 
 
 class _AsyncStream(_Stream):
-    """A response body on fsspec's event loop, read from this thread."""
+    """A response body on fsspec's event loop, read from this thread.
+    ``timeout``: seconds the request (to its headers) and each ``read`` may
+    wait; ``bound=False`` when the opener bounds its own waits (``_http_get``:
+    aiohttp's idle timeouts, which a skip over ignored Range bytes needs)."""
 
-    def __init__(self, fs, opener, *args):
+    def __init__(self, fs, opener, *args, timeout: float = 60.0, bound: bool = True):
         from fsspec.asyn import sync
 
-        self._sync, self._loop = sync, fs.loop
-        self._body, self.total, self.etag = sync(fs.loop, opener, *args)
+        self._sync, self._loop, self._timeout = sync, fs.loop, timeout
+        self._wait = timeout if bound else None
+        self._body, self.total, self.etag = self._run(opener, *args)
+        self.ignored_range = bool(getattr(self._body, "ignored_range", False))
+
+    def _run(self, fn, *args):
+        from fsspec.exceptions import FSTimeoutError
+
+        try:
+            return self._sync(self._loop, fn, *args, timeout=self._wait)
+        except FSTimeoutError:  # ours, or aiohttp's ServerTimeoutError (an asyncio.TimeoutError) that fsspec renames
+            raise NetworkTimeout(f"no answer within {self._timeout:g} s") from None
 
     def read(self, n: int) -> bytes:
-        return self._sync(self._loop, self._body.read, n)
+        return self._run(self._body.read, n)
 
     def close(self) -> None:
         body, self._body = self._body, None
@@ -50,8 +82,8 @@ async def _aclose(body) -> None:
 
 
 class _HTTPBody:
-    def __init__(self, response, skip: int):
-        self.r, self.skip = response, skip
+    def __init__(self, response, skip: int, ignored_range: bool = False):
+        self.r, self.skip, self.ignored_range = response, skip, ignored_range
 
     async def read(self, n: int) -> bytes:
         while self.skip:  # the server ignored our Range: drop the bytes before the offset
@@ -91,7 +123,8 @@ async def _http_get(fs, url: str, offset: int, end: int | None, timeout: float):
     total = _content_total(r.headers.get("Content-Range"), r.headers.get("Content-Length"),
                            offset if r.status == 206 else 0)
     skip = offset if (offset and r.status != 206) else 0
-    return _HTTPBody(r, skip), total, normalize_etag(r.headers.get("ETag"))
+    ignored = r.status != 206 and _range(offset, end) is not None
+    return _HTTPBody(r, skip, ignored), total, normalize_etag(r.headers.get("ETag"))
 
 
 async def _s3_get(fs, path: str, offset: int, end: int | None):
@@ -113,20 +146,34 @@ def _content_total(content_range, content_length, offset: int) -> int | None:
 
 
 class _ChunkedStream(_Stream):
-    """Ranged GETs of ``chunk`` bytes, for backends without a streaming body."""
+    """Ranged GETs of ``chunk`` bytes from ``offset`` to ``end`` (None: the
+    object's end), for backends without a streaming body; each may take
+    ``timeout`` seconds per MiB (``remote.deadline``). ``total`` is the
+    object's size: ``size`` if known, else one metadata request first."""
 
-    def __init__(self, fs, path: str, offset: int, size: int | None, chunk: int, stats: IOStats):
-        self.fs, self.path, self.pos, self.size, self.chunk, self.stats = fs, path, offset, size, chunk, stats
-        self.total = size
+    def __init__(self, fs, path: str, offset: int, end: int | None, size: int | None, chunk: int = CHUNK_BYTES,
+                 stats: IOStats | None = None, timeout: float = 60.0):
+        self.fs, self.path, self.pos, self.chunk = fs, path, offset, chunk
+        self.stats, self.timeout = stats or IOStats(), timeout
+        if size is None:  # reading past the end is an error on some backends: know where it is
+            self.stats.add(requests=1)
+            size = call(fs, "size", path, timeout=timeout)
+        self.total = None if size is None else int(size)
+        # the object's size, not the end of the range read: a piece of a shard is not a smaller shard
+        self.stop = end if end is not None else self.total
         self._buf = memoryview(b"")
 
     def read(self, n: int) -> bytes:
         if not self._buf:
-            if self.size is not None and self.pos >= self.size:
+            if self.stop is not None and self.pos >= self.stop:
                 return b""
-            end = self.pos + self.chunk if self.size is None else min(self.size, self.pos + self.chunk)
+            end = self.pos + self.chunk if self.stop is None else min(self.stop, self.pos + self.chunk)
             self.stats.add(requests=1)
-            self._buf = memoryview(self.fs.cat_file(self.path, start=self.pos, end=end))
+            data = call(self.fs, "cat_file", self.path, start=self.pos, end=end,
+                        timeout=deadline(self.timeout, end - self.pos))
+            if not data:
+                return b""
+            self._buf = memoryview(data)
         out, self._buf = bytes(self._buf[:n]), self._buf[n:]
         self.pos += len(out)
         return out

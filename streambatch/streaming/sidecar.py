@@ -85,7 +85,7 @@ def sidecar_path(url: str, index_dir: str | None = None) -> str:
 
 
 def write_sidecar(path: str, url: str, arrays: dict[str, np.ndarray], spec: LengthSpec, stat: dict,
-                  storage_options: dict | None = None) -> dict:
+                  storage_options: dict | None = None, retry=None) -> dict:
     """Write a sidecar atomically (temp file + rename, or one object PUT), so
     concurrent indexers of the same shard never leave a torn file. Returns its meta."""
     meta = {"format": FORMAT, "version": VERSION, "url": url, "samples": int(arrays["lengths"].size),
@@ -93,7 +93,7 @@ def write_sidecar(path: str, url: str, arrays: dict[str, np.ndarray], spec: Leng
     if is_remote(path):
         from .remote_index import npz_bytes, write_bytes
 
-        write_bytes(path, npz_bytes(meta, arrays), storage_options)
+        write_bytes(path, npz_bytes(meta, arrays), storage_options, retry)
         return meta
     directory = os.path.dirname(os.path.abspath(path))
     os.makedirs(directory, exist_ok=True)
@@ -129,12 +129,12 @@ class SidecarFile:
     same file even if the sidecar is replaced meanwhile. Use as a context
     manager; ``meta`` is read and validated on open."""
 
-    def __init__(self, path: str, storage_options: dict | None = None):
+    def __init__(self, path: str, storage_options: dict | None = None, retry=None):
         self.path = path
-        if is_remote(path):  # one GET; the sidecar is small
+        if is_remote(path):  # one GET (under ``retry``, a RetryPolicy); the sidecar is small
             from .remote_index import read_npz_bytes
 
-            self._fh = io.BytesIO(read_npz_bytes(path, storage_options))
+            self._fh = io.BytesIO(read_npz_bytes(path, storage_options, retry))
         else:
             self._fh = open(path, "rb")  # noqa: SIM115 (closed by close()); OSError passes through as is
         try:
