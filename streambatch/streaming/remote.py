@@ -15,6 +15,7 @@ scrubbed of credentials before they reach a message or a log line.
 
 from __future__ import annotations
 
+import errno
 import logging
 import random
 import re
@@ -24,7 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
-from .errors import ShardError
+from .errors import CacheError, ShardError
 
 log = logging.getLogger("streambatch.streaming")
 
@@ -168,8 +169,16 @@ _TRANSIENT_MODULES = ("aiohttp", "botocore", "aiobotocore", "urllib3", "requests
                       "huggingface_hub", "google", "gcsfs", "s3fs", "fsspec")
 
 
+# A full or read-only local disk: no network read raises these, and retrying cannot help (the cache
+# turns them into CacheError, see cache.py).
+_DISK_ERRNOS = frozenset(getattr(errno, n) for n in ("ENOSPC", "EDQUOT", "EROFS") if hasattr(errno, n))
+
+
 def is_transient(exc: BaseException) -> bool:
-    """Worth retrying: 5xx/408/429, connection resets, timeouts, short reads."""
+    """Worth retrying: 5xx/408/429, connection resets, timeouts, short reads;
+    never the machine's own disk (``CacheError``, ENOSPC, EDQUOT, EROFS)."""
+    if isinstance(exc, CacheError) or (isinstance(exc, OSError) and exc.errno in _DISK_ERRNOS):
+        return False
     if isinstance(exc, FileNotFoundError) and exc.__cause__ is not None:
         return is_transient(exc.__cause__)  # fsspec's HTTP info() turns any failure (a 503 too) into this
     if isinstance(exc, (FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError,
