@@ -19,6 +19,7 @@ _LAZY = {
     "index_shards": ".streaming",
     "IndexSummary": ".streaming",
     "ShardError": ".streaming",
+    "CacheError": ".streaming",
     "collate_audio": ".streaming",
     "decode_audio": ".streaming",
     "GlobalBatchSampler": ".integrations.accelerate",

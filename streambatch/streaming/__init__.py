@@ -3,7 +3,7 @@
 from .audio import collate_audio, decode_audio
 from .catalog import Catalog, open_catalog
 from .dataset import StreamingBatches
-from .errors import ShardError
+from .errors import CacheError, ShardError
 from .indexer import IndexSummary, index_shards
 from .lengths import LengthSpec, length_spec
 from .reader import expand_urls
@@ -13,6 +13,6 @@ from .window import EpochSummary
 
 __all__ = [
     "StreamingBatches", "index_shards", "IndexSummary", "LengthSpec", "length_spec", "sidecar_path",
-    "ShardError", "EpochSummary", "Catalog", "open_catalog", "expand_urls", "collate_audio", "decode_audio",
-    "Source",
+    "ShardError", "CacheError", "EpochSummary", "Catalog", "open_catalog", "expand_urls", "collate_audio",
+    "decode_audio", "Source",
 ]

@@ -195,7 +195,9 @@ class StreamingBatches(StateMixin, ReadingMixin, IterableDataset):
                     check_identity(self.catalog, self.rank, world, storage_options, policy)
                 self.remote = RemoteIO.for_catalog(self.catalog, self.rank, storage_options=storage_options,
                                                    cache_dir=cache_dir, prefetch_shards=prefetch_shards,
-                                                   prefetch_bytes=prefetch_bytes, retry=retry)
+                                                   prefetch_bytes=prefetch_bytes, retry=retry, world_size=world,
+                                                   window_samples=self.config.window_samples,
+                                                   read_mode=self.config.read_mode)
                 self.fingerprint = self.fingerprint_at(world)
                 check_samples(self.catalog, self.config.max_length, long_samples)
             except Exception as exc:

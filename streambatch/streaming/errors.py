@@ -1,4 +1,6 @@
-"""The error every streaming failure surfaces as."""
+"""The errors streaming failures surface as: ``ShardError`` for a shard that
+cannot be read (``on_error="skip"`` may skip its samples), ``CacheError`` for
+the machine's own disk (never skipped, never retried)."""
 
 from __future__ import annotations
 
@@ -16,3 +18,22 @@ class ShardError(ValueError):
 
     def __init__(self, *args: object) -> None:
         super().__init__(*(scrub(a) if isinstance(a, str) else a for a in args))
+
+
+class CacheError(OSError):
+    """The node-local shard cache cannot be used: its disk is full (ENOSPC,
+    EDQUOT), it is not writable (EACCES, EPERM, EROFS, ENOTDIR, EISDIR) or the
+    process ran out of file descriptors or memory (EMFILE, ENFILE, ENOMEM).
+    Not a ShardError: no sample is at fault, so ``on_error="skip"`` does not
+    skip it and downloads are not retried. ``errno`` is the system's; the
+    message names the cache directory, the bytes needed and free where they
+    apply, and the setting that changes it (``cache_dir=``, ``prefetch_shards=``,
+    ``prefetch_bytes=``, ``window_samples=``)."""
+
+    # (message) or (errno, message): torch's DataLoader re-raises a worker's error as type(exc)(text)
+    def __init__(self, *args, directory: str | None = None):
+        super().__init__(*(scrub(a) if isinstance(a, str) else a for a in args))
+        self.directory = directory
+
+    def __str__(self) -> str:
+        return str(self.strerror) if self.strerror is not None else super().__str__()

@@ -21,6 +21,7 @@ retried, then a ``ShardError`` that names the timeout and how to raise it.
 
 from __future__ import annotations
 
+import errno
 import numbers
 import random
 import threading
@@ -30,7 +31,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from ..core.redact import logger, scrub, scrub_options, scrub_url  # noqa: F401  (re-exported: their old home)
-from .errors import ShardError
+from .errors import CacheError, ShardError
 
 log = logger("streambatch.streaming")
 
@@ -214,8 +215,16 @@ _TRANSIENT_MODULES = ("aiohttp", "botocore", "aiobotocore", "urllib3", "requests
                       "huggingface_hub", "google", "gcsfs", "s3fs", "fsspec")
 
 
+# A full or read-only local disk: no network read raises these, and retrying cannot help (the cache
+# turns them into CacheError, see cache.py).
+_DISK_ERRNOS = frozenset(getattr(errno, n) for n in ("ENOSPC", "EDQUOT", "EROFS") if hasattr(errno, n))
+
+
 def is_transient(exc: BaseException) -> bool:
-    """Worth retrying: 5xx/408/429, connection resets, timeouts, short reads."""
+    """Worth retrying: 5xx/408/429, connection resets, timeouts, short reads;
+    never the machine's own disk (``CacheError``, ENOSPC, EDQUOT, EROFS)."""
+    if isinstance(exc, CacheError) or (isinstance(exc, OSError) and exc.errno in _DISK_ERRNOS):
+        return False
     if isinstance(exc, FileNotFoundError) and exc.__cause__ is not None:
         return is_transient(exc.__cause__)  # fsspec's HTTP info() turns any failure (a 503 too) into this
     if isinstance(exc, (FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError,

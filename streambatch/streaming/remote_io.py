@@ -4,16 +4,21 @@ reader it makes (the glue between the dataset and ``cache.py``)."""
 from __future__ import annotations
 
 import atexit
+import logging
 import numbers
 import os
 import shutil
+import tempfile
 from collections.abc import Iterable, Iterator
 from typing import Any
 
 from .cache import ShardCache, ShardRef, run_dir, sweep_dead_runs
+from .errors import CacheError
 from .reader import is_local
 from .remote import RetryPolicy, is_remote, scrub_options
 from .remote_reader import RemoteWindowReader
+
+log = logging.getLogger("streambatch.streaming")
 
 
 def lookahead(items: Iterable, enabled: bool = True) -> Iterator[tuple[Any, Any]]:
@@ -50,8 +55,11 @@ class RemoteIO:
     cache_dir: root of the node-local shard cache (default: under the
         system temp dir); each rank of each run gets its own subdirectory,
         removed when the process that built the dataset exits. Must be a
-        local disk with room for a window of this rank's shards plus the
-        prefetched ones.
+        local disk with room for two windows of this rank's shards plus the
+        prefetched ones: checked at construction (``CacheError`` if it cannot
+        be created or written, a warning if it has less room than that
+        estimate); a disk that fills while reading raises ``CacheError``
+        (never skipped, never retried), after prefetch has held back.
     prefetch_shards / prefetch_bytes: download at most this many shards
         (bytes) ahead of the reader, per DataLoader worker.
     retry: a ``RetryPolicy`` (or an int: the number of retries).
@@ -69,7 +77,11 @@ class RemoteIO:
 
     @classmethod
     def for_catalog(cls, catalog, rank: int, *, storage_options: dict | None = None, cache_dir: str | None = None,
-                    prefetch_shards: Any = 4, prefetch_bytes: Any = None, retry: Any = None) -> RemoteIO:
+                    prefetch_shards: Any = 4, prefetch_bytes: Any = None, retry: Any = None, world_size: int = 1,
+                    window_samples: int | None = None, read_mode: str | None = None) -> RemoteIO:
+        """The settings of ``catalog``'s remote shards for ``rank``; its cache
+        directory is created and checked here (``check_cache_dir``), sized
+        with ``world_size`` / ``window_samples`` / ``read_mode``."""
         if storage_options is not None and not isinstance(storage_options, dict):
             raise TypeError(f"storage_options must be a dict of fsspec options or None, got "
                             f"{type(storage_options).__name__}")
@@ -87,6 +99,8 @@ class RemoteIO:
             root = os.fspath(cache_dir) if cache_dir is not None else None
             sweep_dead_runs(root)
             directory = run_dir(root, os.getpid(), rank)
+            need = cache_estimate(catalog, world_size, window_samples, read_mode, prefetch_shards, prefetch_bytes)
+            check_cache_dir(directory, root, need, prefetch_shards)
             atexit.register(_remove_tree, directory, os.getpid())
         return cls(remote, directory, storage_options, retry, prefetch_shards, prefetch_bytes)
 
@@ -96,7 +110,7 @@ class RemoteIO:
             return None
         cache = ShardCache(self.directory, self.storage_options, retry=self.retry,
                            prefetch_shards=self.prefetch_shards, prefetch_bytes=self.prefetch_bytes,
-                           threads=self.threads)
+                           threads=self.threads, peers=stride)
         sizes = getattr(catalog, "sizes", None)
         etags = getattr(catalog, "etags", None)
 
@@ -113,7 +127,7 @@ class RemoteIO:
                 return catalog.table(s)
             sidecar = ShardRef(catalog.sidecars[s])
             cache.sidecars.add(sidecar)
-            return catalog.table(s, copy=cache.fetch(sidecar))
+            return catalog.table(s, copy=cache.fetch(sidecar, hold=False))
 
         return RemoteWindowReader(cache, ref, table, remote.__getitem__, rank, worker, stride, start)
 
@@ -125,6 +139,58 @@ class RemoteIO:
 def _remove_tree(path: str, owner: int) -> None:
     if os.getpid() == owner:  # not in a forked child that inherited the handler
         shutil.rmtree(path, ignore_errors=True)
+
+
+def cache_estimate(catalog, world_size: int, window_samples: int | None, read_mode: str | None,
+                   prefetch_shards: int, prefetch_bytes: int | None) -> int:
+    """Bytes the rank's cache holds at most, roughly: two windows' share of
+    the remote shards (1/W of a window in shard mode; up to all of it in
+    sample mode, where every rank reads part of every shard) plus one
+    worker's prefetch. An estimate (shard sizes vary, pieces are cut by the
+    plan), so it only warns. 0 when no remote shard's size is known."""
+    urls, sizes = catalog.urls, getattr(catalog, "sizes", None)
+    if sizes is None:
+        return 0
+    known = [int(sizes[k]) for k, u in enumerate(urls) if not is_local(u) and sizes[k] >= 0]
+    if not known:
+        return 0
+    remote = sum(1 for u in urls if not is_local(u))
+    total = sum(known) * remote / len(known)
+    samples = max(1, int(getattr(catalog, "num_samples", 0)))
+    window = total * min(1.0, (window_samples or samples) / samples)
+    share = window / max(1, world_size) if read_mode in (None, "shard") else window
+    ahead = prefetch_shards * max(known)
+    if prefetch_bytes is not None:
+        ahead = min(ahead, prefetch_bytes + max(known))  # the first piece ahead starts whatever its size
+    return int(2 * share + min(ahead, total))
+
+
+def check_cache_dir(directory: str, cache_dir: str | None, need: int = 0, prefetch_shards: int = 4) -> None:
+    """Create ``directory`` and write and remove a probe file in it, or raise
+    CacheError naming it and ``cache_dir=``; log a warning when the disk has
+    fewer than ``need`` bytes free (``cache_estimate``: an estimate, so no
+    refusal: prefetch holds back on a full disk, and only a piece that cannot
+    fit at all fails, when it is read)."""
+    setting = f"cache_dir={cache_dir!r}" if cache_dir is not None else "cache_dir=None: the system temp dir"
+    try:
+        os.makedirs(directory, exist_ok=True)
+        fd, probe = tempfile.mkstemp(dir=directory, prefix=".probe-")
+        try:
+            os.write(fd, b"x")
+        finally:
+            os.close(fd)
+            os.unlink(probe)
+        free = shutil.disk_usage(directory).free
+    except OSError as exc:
+        raise CacheError(exc.errno, f"the shard cache directory {directory} ({setting}) is not usable: "
+                         f"{exc.strerror or exc}; pass cache_dir= a writable directory on a local disk",
+                         directory=directory) from None
+    if free < need:
+        log.warning("the shard cache %s (%s) has %d bytes free, less than the about %d this rank may hold (two "
+                    "windows' share of its shards plus %d prefetched per DataLoader worker); if the disk fills, "
+                    "prefetch holds back and a piece that still does not fit raises CacheError: pass cache_dir= "
+                    "on a larger disk, or lower window_samples= or prefetch_shards=", directory, setting, free,
+                    need, prefetch_shards)
 
 
 def check_identity(catalog, rank: int, world_size: int, storage_options: dict | None = None,

@@ -23,6 +23,7 @@ global (sample) plan and a shard-affine plan alike.
 from __future__ import annotations
 
 import os
+from collections import deque
 
 import numpy as np
 
@@ -62,7 +63,11 @@ class RemoteWindowReader:
         self.rank, self.worker, self.stride, self.start = rank, worker, stride, start
         self._pieces: dict[int, list[ShardRef]] = {}  # shard -> pieces readable now (this and the last window)
         self._held: list[list[tuple[ShardRef, str, int]]] = []  # per window: (piece, tag, consumers) to release
-        self._fds: dict[ShardRef, int] = {}
+        # the last windows released: their pieces may wait for a slower worker, gone if the pass stops early
+        self._released: deque[list[tuple[ShardRef, str, int]]] = deque(maxlen=2)
+        self._fds: dict[ShardRef, int] = {}  # the cache's descriptors, and ``_own`` ones (partial downloads)
+        self._own: set[int] = set()
+        self._left = False
         self._tables: dict[int, tuple] = {}
         self._next: tuple | None = None  # (window index, my pieces in need order, consumers)
         self.bytes_read = 0
@@ -192,16 +197,13 @@ class RemoteWindowReader:
         fd = self._fds.get(piece)
         if fd is None:
             try:
-                path = self.cache.get(piece)
+                fd = self.cache.open(piece)  # held (a shared lock) until released: no other process deletes it
             except ShardError as exc:
                 partial = getattr(exc, "partial", None)
                 if partial is None or offset + size > piece.start + partial[1]:
                     raise
-                path = partial[0]  # the download failed after this sample: read it from what arrived
-            try:
-                fd = os.open(path, os.O_RDONLY)
-            except FileNotFoundError:  # evicted between download and open (a lagging worker): fetch again
-                fd = os.open(self.cache.fetch(piece), os.O_RDONLY)
+                fd = os.open(partial[0], os.O_RDONLY)  # the download failed after this sample: read what arrived
+                self._own.add(fd)
             self._fds[piece] = fd
         buf = os.pread(fd, size, offset - piece.start)
         self.bytes_read += len(buf)
@@ -215,7 +217,8 @@ class RemoteWindowReader:
         gone = {p for p, _, _ in held}
         for p in gone:
             fd = self._fds.pop(p, None)
-            if fd is not None:
+            if fd in self._own:
+                self._own.discard(fd)
                 os.close(fd)
         for s in list(self._pieces):
             self._pieces[s] = [p for p in self._pieces[s] if p not in gone]
@@ -224,6 +227,7 @@ class RemoteWindowReader:
                 self._tables.pop(s, None)
         for p, tag, consumers in held:
             self.cache.release(p, tag, consumers)
+        self._released.append(held)
 
     def leave(self) -> None:
         """The epoch is done: release every piece (the last consumer deletes
@@ -233,11 +237,21 @@ class RemoteWindowReader:
         for ref in self.cache.sidecars:
             self.cache.release(ref, "sidecars", self.stride)
         self.cache.sidecars.clear()
+        self._left = True
 
     def close(self) -> None:
-        """Stop prefetching; pieces of an unfinished epoch stay for the others."""
-        for fd in self._fds.values():
+        """Stop prefetching. A pass that did not reach its end (a loop that
+        broke, an error) deletes the pieces and sidecar copies it knew of,
+        except those another live worker holds (that worker's own close
+        deletes them): without this, early-stopped passes fill the disk."""
+        for fd in self._own:
             os.close(fd)
+        self._own.clear()
         self._fds.clear()
+        drop: list[tuple[ShardRef, tuple[str, ...]]] = []
+        if not self._left:
+            drop = [(p, (tag,)) for group in [*self._released, *self._held] for p, tag, _ in group]
+            drop += [(ref, ("sidecars",)) for ref in self.cache.sidecars]
         self._held = []
-        self.cache.close()
+        self._released.clear()
+        self.cache.close(drop)
