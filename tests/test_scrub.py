@@ -27,7 +27,7 @@ from torch.distributed import TCPStore
 
 import streambatch
 from streambatch.core.redact import ScrubFilter, scrub, scrub_exception, scrub_options, scrub_url
-from streambatch.streaming import ShardError, StreamingBatches, index_shards
+from streambatch.streaming import CacheError, ShardError, StreamingBatches, index_shards
 from streambatch.streaming.catalog import Catalog
 from streambatch.streaming.failures import FailureChannel
 
@@ -93,7 +93,7 @@ def test_scrub_options_and_exception_chain():
         caught = exc
     assert TOKEN in full_text(caught)
     assert_clean(full_text(scrub_exception(caught)))
-    assert_clean(str(ShardError(f"shard {HTTP_URL} is bad")))
+    assert_clean(str(ShardError(f"shard {HTTP_URL} is bad")) + str(CacheError(28, f"no room for {HTTP_URL}")))
 
 
 def test_every_streambatch_logger_scrubs(caplog):
@@ -153,9 +153,10 @@ def _unscrubbed_urls(arg: ast.AST) -> list[str]:
 
 
 def _shard_error_classes() -> set[str]:
+    """Names of the exception classes that scrub their own message: ShardError, CacheError and subclasses."""
     import streambatch.streaming.failures  # noqa: F401  (ForeignFailure)
 
-    found, todo = set(), [ShardError]
+    found, todo = set(), [ShardError, CacheError]
     while todo:
         c = todo.pop()
         found.add(c.__name__)
@@ -214,7 +215,7 @@ def test_every_site_that_formats_a_url_scrubs_it(site):
     if what == "log":
         return  # every streambatch logger carries ScrubFilter (test_every_streambatch_logger_scrubs)
     if what == "raise" and (name in _shard_error_classes() or name in _SHARD_ERROR_MAKERS):
-        return  # ShardError scrubs its own message
+        return  # ShardError and CacheError scrub their own message
     if what == "raise" and path.startswith("cli" + os.sep):
         return  # the command line's main() scrubs every error before it prints or re-raises it (test below)
     pytest.fail(f"{path}:{line} {kind} formats {values} without scrub()/scrub_url(); wrap them (or the whole "
