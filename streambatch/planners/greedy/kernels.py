@@ -290,8 +290,11 @@ def _choose_and_place(groups, ln, w, rot0, max_tokens, max_size):
                 cmp = _cmp(nc, b6)
             if cmp > 0:
                 continue
-            # Only the rotation can separate equal-keyed groups: compare
-            # their first members, the roots of their heaps.
+            # Only the rotation could separate equal-keyed groups (their
+            # first members are the roots of their heaps). Distinct groups
+            # never tie, in fact: equal new count, projected cost and cost
+            # increase mean equal (count, max length). Kept so that the
+            # choice stays the seed's should the key change.
             if cmp == 0 and groups[_ROOT, g] > groups[_ROOT, best]:
                 continue
         best, best_i = g, i
