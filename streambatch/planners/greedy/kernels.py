@@ -15,7 +15,7 @@ The seed rebuilds all W costs per candidate: O(W**2) per sample. Two facts make
 it cheap here. (1) The max and min "over the other ranks" follow from the
 step's max/min, their multiplicities and runners-up, so a candidate is O(1).
 (2) Ranks whose batches have the same (count, max length) have equal keys up to
-the rotation, and a step has few distinct states (about 3 among 64 ranks and 6
+the rotation, and a step has few distinct states (about 3 among 64 ranks and 4-6
 among 512 on audio-like lengths). So ranks are kept in groups by state and a
 sample costs O(#groups) to choose the group. (3) Within a group the rotation
 picks the member with the smallest (rank - step) mod W, and that member is the
@@ -140,7 +140,7 @@ def _reset(groups, w):
     # empty ranks leave in exactly this order.
     groups[_ROOT, 0] = 0
     for d in range(w):
-        groups[_RANK_GROUP, d] = 0
+        groups[_RANK_GROUP, d] = 0  # d runs over every rank too
         groups[_CHILD, d] = d + 1 if d + 1 < w else -1
         groups[_SIB, d] = -1
     groups[_ACTIVE, 0] = 0
