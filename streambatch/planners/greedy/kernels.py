@@ -15,9 +15,15 @@ The seed rebuilds all W costs per candidate: O(W**2) per sample. Two facts make
 it cheap here. (1) The max and min "over the other ranks" follow from the
 step's max/min, their multiplicities and runners-up, so a candidate is O(1).
 (2) Ranks whose batches have the same (count, max length) have equal keys up to
-the rotation, and a step has few distinct states (about 7 among 64 ranks on
-audio-like lengths). So ranks are kept in groups by state, a sample costs
-O(#groups), and the rotation picks the member only among tied groups.
+the rotation, and a step has few distinct states (about 3 among 64 ranks and 4-6
+among 512 on audio-like lengths). So ranks are kept in groups by state and a
+sample costs O(#groups) to choose the group. (3) Within a group the rotation
+picks the member with the smallest (rank - step) mod W, and that member is the
+one that leaves the group. So each group keeps its members in a min-heap keyed
+by that rotation (a pairing heap whose nodes are the rotations, so the key is
+the node itself): the member is the root, O(1), and moving it costs amortised
+O(log W). A scan of the ranks instead cost ~W/2 per sample and made W = 512
+several times slower than W = 64.
 """
 
 from __future__ import annotations
@@ -99,21 +105,24 @@ def greedy_steps(order, lengths, world_size, max_tokens, max_size, out):
     return counts, step
 
 
-# Rows of the group state: one (10, W) int64 array, so kernels pass one array
+# Rows of the group state: one (12, W) int64 array, so kernels pass one array
 # (a tuple of arrays costs a reference-count round trip per array per call).
-_CNT, _MX, _COST, _TOK, _SIZE, _XOR, _RANK_GROUP, _ACTIVE, _FREE, _META = range(10)
+# Rows up to _SIZE and _ROOT are per group id; _RANK_GROUP per rank; _CHILD and
+# _SIB per rotation d = (rank - step) mod W, the members' heap nodes.
+_CNT, _MX, _COST, _TOK, _SIZE, _ROOT, _RANK_GROUP, _ACTIVE, _FREE, _META, _CHILD, _SIB = range(12)
 
 
 @_helper
 def _Groups(w):
     """Ranks grouped by batch state. Per group id (capacity W): count, max
-    length, cost, tokens, size, xor of member ranks (the member itself for a
-    singleton); rank -> group id; the active ids; a stack of free ids. Row
-    _META holds (#active, #free)."""
+    length, cost, tokens, size, the root of its members' heap (the smallest
+    rotation); rank -> group id; the active ids; a stack of free ids; per
+    rotation, its first child and next sibling in its group's heap (-1: none).
+    Row _META holds (#active, #free)."""
     k = w if w > 2 else 2
     # np.empty and loops: compiles faster than np.zeros or _zeros(...).reshape.
-    groups = np.empty((10, k), dtype=np.int64)
-    for i in range(10):
+    groups = np.empty((12, k), dtype=np.int64)
+    for i in range(12):
         for j in range(k):
             groups[i, j] = 0
     return groups
@@ -127,11 +136,13 @@ def _reset(groups, w):
     groups[_COST, 0] = 0
     groups[_TOK, 0] = 0
     groups[_SIZE, 0] = w
-    x = 0
-    for r in range(w):
-        x ^= r
-        groups[_RANK_GROUP, r] = 0
-    groups[_XOR, 0] = x
+    # Its heap is the path 0 -> 1 -> ... -> W-1: each pop is O(1), and the
+    # empty ranks leave in exactly this order.
+    groups[_ROOT, 0] = 0
+    for d in range(w):
+        groups[_RANK_GROUP, d] = 0  # d runs over every rank too
+        groups[_CHILD, d] = d + 1 if d + 1 < w else -1
+        groups[_SIB, d] = -1
     groups[_ACTIVE, 0] = 0
     groups[_META, 0] = 1
     for k in range(w - 1):
@@ -145,19 +156,53 @@ def _cmp(a, b):
 
 
 @_helper
-def _first_member(groups, g, rot0, w):
-    """(member of group g with the smallest (rank - rot0) mod W, that rotation)."""
-    if groups[_SIZE, g] == 1:
-        r = groups[_XOR, g]
-        d = r - rot0  # (r - rot0) mod w without a division: 0 <= rot0 < w
-        return r, d + w if d < 0 else d
-    for d in range(w):
-        r = rot0 + d
-        if r >= w:
-            r -= w
-        if groups[_RANK_GROUP, r] == g:
-            return r, d
-    return -1, -1
+def _meld(groups, a, b):
+    """Meld two pairing heaps by their roots a, b (distinct nodes, or -1 for
+    an empty heap); returns the new root. Roots have no sibling."""
+    if a < 0:
+        return b
+    if b < 0:
+        return a
+    if b < a:
+        a, b = b, a
+    groups[_SIB, b] = groups[_CHILD, a]
+    groups[_CHILD, a] = b
+    return a
+
+
+@_helper
+def _pop_root(groups, g):
+    """Remove the root (smallest node) of group g's heap: the two-pass
+    pairing of its children becomes the new root (-1 when it was alone)."""
+    x = groups[_ROOT, g]
+    a = groups[_CHILD, x]
+    # Pass 1, left to right: meld pairs; the results form a list through
+    # _SIB in reverse order.
+    acc = np.int64(-1)
+    while a >= 0:
+        b = groups[_SIB, a]
+        if b < 0:
+            groups[_SIB, a] = acc
+            acc = a
+            break
+        nxt = groups[_SIB, b]
+        groups[_SIB, a] = -1
+        groups[_SIB, b] = -1
+        m = _meld(groups, a, b)
+        groups[_SIB, m] = acc
+        acc = m
+        a = nxt
+    # Pass 2, right to left: meld the pairs into one heap.
+    root = acc
+    if root >= 0:
+        a = groups[_SIB, root]
+        groups[_SIB, root] = -1
+        while a >= 0:
+            nxt = groups[_SIB, a]
+            groups[_SIB, a] = -1
+            root = _meld(groups, root, a)
+            a = nxt
+    groups[_ROOT, g] = root
 
 
 @_helper
@@ -167,44 +212,43 @@ def _choose_and_place(groups, ln, w, rot0, max_tokens, max_size):
     Returns that rank, or -1 (nothing placed) when every rank is closed.
     """
     ng = groups[_META, 0]
-    # Max/min of costs and tokens over ranks, multiplicities and runners-up.
-    g0 = groups[_ACTIVE, 0]
-    hi = lo = groups[_COST, g0]
-    thi = tlo = groups[_TOK, g0]
-    for i in range(1, ng):
-        g = groups[_ACTIVE, i]
-        v = groups[_COST, g]
-        hi = v if v > hi else hi
-        lo = v if v < lo else lo
-        v = groups[_TOK, g]
-        thi = v if v > thi else thi
-        tlo = v if v < tlo else tlo
+    # Max/min of costs and tokens over ranks, multiplicities and runners-up
+    # (the largest value below the max, the smallest above the min), in one
+    # pass: costs and tokens are >= 0, so -1 and _BIG mean "none yet".
+    hi = hi2 = thi = thi2 = np.int64(-1)
+    lo = lo2 = tlo = tlo2 = _BIG
     nhi = nlo = nthi = ntlo = np.int64(0)
-    hi2 = thi2 = np.int64(-1)
-    lo2 = tlo2 = _BIG
     for i in range(ng):
         g = groups[_ACTIVE, i]
         k = groups[_SIZE, g]
         v = groups[_COST, g]
-        if v == hi:
+        if v > hi:
+            hi2, hi, nhi = hi, v, k
+        elif v == hi:
             nhi += k
         elif v > hi2:
             hi2 = v
-        if v == lo:
+        if v < lo:
+            lo2, lo, nlo = lo, v, k
+        elif v == lo:
             nlo += k
         elif v < lo2:
             lo2 = v
         v = groups[_TOK, g]
-        if v == thi:
+        if v > thi:
+            thi2, thi, nthi = thi, v, k
+        elif v == thi:
             nthi += k
         elif v > thi2:
             thi2 = v
-        if v == tlo:
+        if v < tlo:
+            tlo2, tlo, ntlo = tlo, v, k
+        elif v == tlo:
             ntlo += k
         elif v < tlo2:
             tlo2 = v
     # Keys per group; members differ only in the rotation.
-    best = best_i = best_rank = best_rot = np.int64(-1)
+    best = best_i = np.int64(-1)
     b0 = b1 = b2 = b3 = b4 = b5 = b6 = np.int64(0)
     for i in range(ng):
         g = groups[_ACTIVE, i]
@@ -246,28 +290,26 @@ def _choose_and_place(groups, ln, w, rot0, max_tokens, max_size):
                 cmp = _cmp(nc, b6)
             if cmp > 0:
                 continue
-            if cmp == 0:
-                # Only the rotation can separate equal-keyed groups.
-                if best_rank < 0:
-                    best_rank, best_rot = _first_member(groups, best, rot0, w)
-                r, rot = _first_member(groups, g, rot0, w)
-                if rot > best_rot:
-                    continue
-                best, best_i, best_rank, best_rot = g, i, r, rot
+            # Only the rotation could separate equal-keyed groups (their
+            # first members are the roots of their heaps). Distinct groups
+            # never tie, in fact: equal new count, projected cost and cost
+            # increase mean equal (count, max length). Kept so that the
+            # choice stays the seed's should the key change.
+            if cmp == 0 and groups[_ROOT, g] > groups[_ROOT, best]:
                 continue
-        best, best_i, best_rank, best_rot = g, i, -1, -1
+        best, best_i = g, i
         b0, b1, b2, b3, b4, b5, b6 = k0, k1, k2, k3, pc, pt, nc
     if best < 0:
         return -1
-    if best_rank < 0:
-        best_rank, best_rot = _first_member(groups, best, rot0, w)
-    # Move the rank to the group of its new state.
-    r = best_rank
+    # Move the group's first member to the group of its new state.
+    d = groups[_ROOT, best]
+    r = d + rot0
+    r = r - w if r >= w else r
+    _pop_root(groups, best)
     c = groups[_CNT, best] + 1
     mx = groups[_MX, best]
     nm = ln if ln > mx else mx
     groups[_SIZE, best] -= 1
-    groups[_XOR, best] ^= r
     if groups[_SIZE, best] == 0:
         groups[_ACTIVE, best_i] = groups[_ACTIVE, ng - 1]
         ng -= 1
@@ -289,9 +331,11 @@ def _choose_and_place(groups, ln, w, rot0, max_tokens, max_size):
         groups[_COST, target] = c * nm * nm
         groups[_TOK, target] = c * nm
         groups[_SIZE, target] = 0
-        groups[_XOR, target] = 0
+        groups[_ROOT, target] = -1
     groups[_SIZE, target] += 1
-    groups[_XOR, target] ^= r
+    groups[_CHILD, d] = -1
+    groups[_SIB, d] = -1
+    groups[_ROOT, target] = _meld(groups, groups[_ROOT, target], d)
     groups[_RANK_GROUP, r] = target
     groups[_META, 0] = ng
     return r
