@@ -59,7 +59,7 @@ from .remote import IOStats, RemoteShard, RetryPolicy, scrub_url
 
 log = logger("streambatch.streaming")
 SLACK = 64 << 10  # bytes a download needs beyond its own: lock and counter files, partly filled blocks
-SPACE_WAIT = 10.0  # seconds a reader short of disk space waits for the rank's other workers to free some
+SPACE_WAIT = 30.0  # seconds a reader short of disk space waits for the rank's other workers to free some
 _SPACE = frozenset(getattr(errno, n) for n in ("ENOSPC", "EDQUOT") if hasattr(errno, n))
 _RESOURCES = frozenset((errno.EMFILE, errno.ENFILE, errno.ENOMEM))
 _DEFERRED = "deferred"  # a prefetch that found no room: the reader downloads it when it needs it
@@ -320,9 +320,26 @@ class ShardCache:
         if self.peers < 2 or free is None or free >= must or free + self._used() < must:
             return free  # no one else to wait for, or it would not fit even if they freed all they hold
         deadline = time.monotonic() + SPACE_WAIT
-        while free < must and time.monotonic() < deadline:
+        while True:
+            # Pieces no process holds: other workers' prefetches they have not reached, and pieces released
+            # by some of their readers. A worker blocked by the DataLoader (its batches wait for this one's)
+            # would never free its prefetches itself; deleting them costs at worst a second download.
+            free = self._sweep(want) or 0
+            if free >= must or time.monotonic() >= deadline:
+                return free
             time.sleep(0.05)  # the rank's other workers release pieces as they move on
-            free = self._free() or 0
+
+    def _sweep(self, want: float) -> int | None:
+        """Delete pieces of the cache directory that no process holds until
+        ``want`` bytes are free; returns the bytes free."""
+        free = self._free()
+        with contextlib.suppress(OSError):
+            names = sorted(n for n in os.listdir(self.directory) if n.endswith(".data") and not n.startswith("."))
+            for name in names:
+                if free is None or free >= want:
+                    break
+                if _discard_base(os.path.join(self.directory, name[: -len(".data")]), ()):
+                    free = self._free()
         return free
 
     def _used(self) -> int:
@@ -420,7 +437,9 @@ class ShardCache:
 
     def _background(self, ref: ShardRef) -> str | Exception | None:
         try:
-            return self.fetch(ref, block=False, background=True)
+            # not held: until the reader takes it, another worker short of disk space may delete it
+            # (the reader then downloads it again), so prefetch can never wedge a rank's workers
+            return self.fetch(ref, block=False, hold=False, background=True)
         except (ShardError, CacheError) as exc:
             return exc  # handed to the consumer by get()
         except OSError as exc:  # the cache's own files
@@ -483,21 +502,7 @@ class ShardCache:
             fd = self._holds.pop(ref, None)
         if fd is not None:
             os.close(fd)
-        base = os.path.join(self.directory, self.key(ref))
-        for name in (base + ".data", base + ".lock"):  # in use: held, or (no file yet) being downloaded
-            try:
-                fd = os.open(name, os.O_RDONLY)
-            except OSError:
-                continue
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except OSError:
-                return False
-            finally:
-                os.close(fd)
-            break
-        _unlink(base, tags)
-        return True
+        return _discard_base(os.path.join(self.directory, self.key(ref)), tags)
 
     def close(self, discard: list[tuple[ShardRef, tuple[str, ...]]] = ()) -> None:
         """Stop prefetching (a download under way stops at its next write)
@@ -520,6 +525,25 @@ class ShardCache:
             todo[ref] = todo.get(ref, ()) + tuple(tags)
         for ref, tags in todo.items():
             self.discard(ref, tags)
+
+
+def _discard_base(base: str, tags: tuple[str, ...]) -> bool:
+    """Delete the files of the piece at ``base`` (and its counters of
+    ``tags``) unless a process holds it or is downloading it; False if one does."""
+    for name in (base + ".data", base + ".lock"):  # in use: held, or (no file yet) being downloaded
+        try:
+            fd = os.open(name, os.O_RDONLY)
+        except OSError:
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            return False
+        finally:
+            os.close(fd)
+        break
+    _unlink(base, tags)
+    return True
 
 
 class _DiskWriter:
