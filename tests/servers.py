@@ -93,8 +93,24 @@ class Nginx:
     def url(self) -> str:
         return f"http://{HOST}:{self.port}"
 
-    def log(self) -> list[LogEntry]:
-        """Requests served so far (nginx writes each line as the request ends)."""
+    def log(self, expect: int | None = None, timeout: float = 10.0) -> list[LogEntry]:
+        """Requests served so far. nginx writes a request's line after it has
+        sent the response, so a client can see the response before its line
+        exists: wait until the log holds ``expect`` lines (or, without
+        ``expect``, until it stops growing for 0.1 s), at most ``timeout`` s."""
+        deadline = time.monotonic() + timeout
+        last, still = -1, 0
+        while time.monotonic() < deadline:
+            with open(self.log_path, "rb") as f:
+                data = f.read()
+            lines = data.count(b"\n")
+            if expect is not None and lines >= expect:
+                break
+            still = still + 1 if lines == last else 0
+            if expect is None and still >= 2:
+                break
+            last = lines
+            time.sleep(0.05)
         out = []
         with open(self.log_path) as f:
             for line in f:
