@@ -8,6 +8,7 @@ from __future__ import annotations
 import collections
 import io
 import os
+import sys
 
 import numpy as np
 import pytest
@@ -68,16 +69,19 @@ def test_secrets_never_reach_messages():
     assert masked["client_kwargs"]["endpoint_url"] == "http://127.0.0.1:9000" and masked["anon"] is False
 
 
-def test_remote_url_classes_and_missing_backend():
+def test_remote_url_classes_and_missing_backend(monkeypatch):
     assert [is_remote(u) for u in ("a.tar", "/x/a.tar", "file:///x/a.tar", "pipe:cat a.tar", "s3://b/a.tar",
-                                    "https://h/a.tar", "hf://datasets/o/n/a.tar")] == [
-        False, False, False, False, True, True, True]
-    with pytest.raises((ImportError, ValueError), match=r"streambatch\[gcs\]|gcsfs|no fsspec backend"):
-        try:
-            import gcsfs  # noqa: F401
-            pytest.skip("gcsfs is installed here")
-        except ImportError:
-            filesystem("gs://bucket/a.tar")
+                                    "https://h/a.tar", "hf://datasets/o/n/a.tar", "az://c/a.tar")] == [
+        False, False, False, False, True, True, True, True]
+    import fsspec  # noqa: F401
+
+    registry = sys.modules["fsspec.registry"]._registry  # (fsspec.registry is a read-only view of it)
+    # the backends are dev dependencies here: make them missing (None in sys.modules fails their import)
+    for proto, package, extra in (("gs", "gcsfs", "gcs"), ("az", "adlfs", "azure")):
+        monkeypatch.setitem(sys.modules, package, None)
+        monkeypatch.delitem(registry, proto, raising=False)  # forget a class already imported
+        with pytest.raises(ImportError, match=rf"needs {package}: pip install 'streambatch\[{extra}\]'"):
+            filesystem(f"{proto}://bucket/a.tar")
     with pytest.raises(ValueError, match="no fsspec backend reads"):
         filesystem("nosuchproto://bucket/a.tar")
 
@@ -261,3 +265,111 @@ def test_index_split_and_merged_under_torchrun(tmp_path):
     assert "(part 0 of 2)" in out.stdout and "(part 1 of 2)" in out.stdout
     c = read_catalog(cat)
     assert c["urls"] == paths and c["counts"].tolist() == SIZES
+
+
+def test_refusals_are_not_retried_through_any_cause_chain():
+    from streambatch.streaming.remote import http_status, is_refusal
+
+    class Status(Exception):
+        def __init__(self, **kw):
+            super().__init__("x")
+            self.__dict__.update(kw)
+
+    for code in (401, 403, 404, 410):
+        assert is_refusal(HTTPStatusError(code, "u")) and not is_transient(HTTPStatusError(code, "u"))
+    botocore_403 = Status(response={"ResponseMetadata": {"HTTPStatusCode": 403}})
+    for err in (Status(status_code=403), Status(code=404), botocore_403):
+        assert http_status(err) in (403, 404) and not is_transient(err)
+    # fsspec wraps the cause in a FileNotFoundError: a 503 inside stays transient, a 401 inside does not
+    for inner, transient in ((HTTPStatusError(503, "u"), True), (HTTPStatusError(401, "u"), False)):
+        try:
+            try:
+                raise inner
+            except HTTPStatusError as exc:
+                raise FileNotFoundError("u") from exc
+        except FileNotFoundError as outer:
+            assert is_transient(outer) is transient and is_refusal(outer) is not transient
+    # `raise ... from None` hides its context: a ShortRead raised while handling a 404 is not a refusal
+    try:
+        try:
+            raise HTTPStatusError(404, "u")
+        except HTTPStatusError:
+            raise ShortRead("cut") from None
+    except ShortRead as exc:
+        assert not is_refusal(exc) and is_transient(exc)
+    assert is_transient(HTTPStatusError(500, "u")) and not is_refusal(HTTPStatusError(500, "u"))
+
+
+@pytest.mark.parametrize("module, name", [
+    ("huggingface_hub.errors", "RepositoryNotFoundError"), ("huggingface_hub.errors", "GatedRepoError"),
+    ("huggingface_hub.errors", "RevisionNotFoundError"), ("huggingface_hub.errors", "EntryNotFoundError"),
+    ("azure.core.exceptions", "ClientAuthenticationError"), ("azure.core.exceptions", "ResourceNotFoundError"),
+    ("google.auth.exceptions", "RefreshError"), ("google.auth.exceptions", "DefaultCredentialsError"),
+])
+def test_backend_refusal_classes_are_refusals(module, name):
+    import importlib
+
+    mod = pytest.importorskip(module)
+    cls = getattr(mod, name)
+    try:
+        exc = cls("refused")
+    except TypeError:  # huggingface_hub's HTTP errors want a response
+        exc = cls.__new__(cls)
+        Exception.__init__(exc, "refused")
+    assert importlib.import_module(module) is mod
+    from streambatch.streaming.remote import is_refusal
+
+    assert is_refusal(exc) and not is_transient(exc)
+    try:  # HfFileSystem raises FileNotFoundError from RepositoryNotFoundError: still a refusal
+        raise FileNotFoundError("hf://datasets/o/n/a.tar") from exc
+    except FileNotFoundError as outer:
+        assert is_refusal(outer) and not is_transient(outer)
+
+
+def test_refusal_hints_name_each_backends_credentials():
+    from streambatch.streaming.remote import refusal_hint
+
+    assert "HF_TOKEN" in refusal_hint("hf://datasets/o/n/a.tar")
+    assert "HF_TOKEN" in refusal_hint("https://huggingface.co/datasets/o/n/resolve/main/a.tar")
+    assert "'token'" in refusal_hint("gs://b/a.tar") and "sas_token" in refusal_hint("az://c/a.tar")
+    assert "'secret'" in refusal_hint("s3://b/a.tar") and "Authorization" in refusal_hint("https://h/a.tar")
+
+
+def test_hub_token_goes_to_hub_hosts_only(monkeypatch):
+    from streambatch.streaming.remote import hub_token_options
+
+    monkeypatch.setenv("HF_TOKEN", "hf_SECRET")
+    monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9999")
+    bearer = {"Authorization": "Bearer hf_SECRET"}
+    for url in ("https://huggingface.co/datasets/o/n/resolve/main/a.tar", "https://hf.co/x/a.tar",
+                "http://127.0.0.1:9999/datasets/o/n/resolve/main/a.tar"):
+        assert hub_token_options(url, None)["headers"] == bearer
+    for url in ("https://example.com/a.tar", "https://huggingface.co.evil.com/a.tar", "s3://b/a.tar",
+                "http://127.0.0.2:9999/a.tar"):
+        assert "headers" not in hub_token_options(url, {"x": 1})
+    own = {"headers": {"authorization": "Bearer mine"}}
+    assert hub_token_options("https://hf.co/a.tar", own) == own  # a header of the user's own wins
+    monkeypatch.delenv("HF_TOKEN")
+    monkeypatch.setenv("HF_TOKEN_PATH", os.devnull)  # no saved login either
+    assert "headers" not in hub_token_options("https://hf.co/a.tar", None)
+
+
+def test_read_only_shards_index_into_a_local_directory(tmp_path, monkeypatch):
+    from streambatch.streaming.catalog_file import default_catalog_path
+    from streambatch.streaming.sidecar import default_index_dir, sidecar_path
+
+    monkeypatch.setenv("STREAMBATCH_INDEX_DIR", str(tmp_path))
+    a, b = "https://user:pw@h/data/a.tar", "https://h/data/b.tar?sig=1"
+    home = default_index_dir(a)
+    assert home == default_index_dir(b) and home.startswith(str(tmp_path))  # one directory per remote directory
+    assert default_index_dir("https://h/other/a.tar") != home
+    assert default_index_dir("s3://b/data/a.tar") is None and default_index_dir("/x/a.tar") is None
+    assert sidecar_path(a, for_write=True) == os.path.join(home, "a.tar.idx.npz")
+    assert sidecar_path(a) == "https://user:pw@h/data/a.tar.idx.npz"  # nothing indexed here yet: next to it
+    os.makedirs(home)
+    open(os.path.join(home, "a.tar.idx.npz"), "wb").close()
+    assert sidecar_path(a) == os.path.join(home, "a.tar.idx.npz")
+    assert sidecar_path("hf://datasets/o/n/a.tar", for_write=True).startswith(str(tmp_path))
+    assert sidecar_path("s3://b/a.tar", for_write=True) == "s3://b/a.tar.idx.npz"
+    assert default_catalog_path([a], None) == os.path.join(home, "streambatch.catalog.npz")
+    assert sidecar_path(a, "/idx") == "/idx/a.tar.idx.npz"

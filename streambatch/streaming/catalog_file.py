@@ -32,6 +32,7 @@ from ..core.redact import scrub
 from .catalog_trust import relative_entries, resolve_entries
 from .remote import RetryPolicy, is_remote
 from .remote_index import load_npz, npz_bytes, write_bytes
+from .sidecar import default_index_dir
 
 CATALOG_SUFFIX = ".catalog.npz"
 FORMAT = "streambatch-catalog"
@@ -45,7 +46,11 @@ def is_catalog(urls: Any) -> TypeGuard[str | os.PathLike]:
 
 
 def default_catalog_path(urls: list[str], index_dir: str | None) -> str:
-    """``<index_dir or the first shard's directory>/streambatch.catalog.npz``."""
+    """``<index_dir or the first shard's directory>/streambatch.catalog.npz``;
+    for shards on a read-only store (HTTP, the Hub) the default directory is
+    local: ``sidecar.default_index_dir``."""
+    if index_dir is None:
+        index_dir = default_index_dir(urls[0])
     base = os.fspath(index_dir) if index_dir is not None else urls[0].split("?", 1)[0].rsplit("/", 1)[0]
     if base == urls[0].split("?", 1)[0] or base == "":  # a bare file name: the current directory
         base = "."

@@ -265,7 +265,7 @@ def index_shards(urls: UrlsLike, *, length_from: LengthFrom = "json:duration", f
     remote = any(is_remote(u) for u in urls)
     default_workers = 16 if remote else (os.cpu_count() or 1)
     workers = check_int("workers", default_workers if workers is None else workers, 1)
-    paths = [sidecar_path(u, index_dir) for u in urls]
+    paths = [sidecar_path(u, index_dir, for_write=True) for u in urls]
     todo, lengths, metas, stats = [], {}, {}, {}
     if force:
         todo = list(range(len(urls)))

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import errno
 import numbers
+import os
 import random
 import threading
 import time
@@ -37,7 +38,10 @@ log = logger("streambatch.streaming")
 
 # protocol -> (package fsspec needs, streambatch extra that installs it)
 _BACKENDS = {"s3": ("s3fs", "s3"), "s3a": ("s3fs", "s3"), "gs": ("gcsfs", "gcs"), "gcs": ("gcsfs", "gcs"),
-             "hf": ("huggingface_hub", "hf"), "http": ("aiohttp", "http"), "https": ("aiohttp", "http")}
+             "hf": ("huggingface_hub", "hf"), "http": ("aiohttp", "http"), "https": ("aiohttp", "http"),
+             "az": ("adlfs", "azure"), "abfs": ("adlfs", "azure"), "abfss": ("adlfs", "azure")}
+# Hosts that get the Hugging Face token (HF_TOKEN) on https:// URLs; HF_ENDPOINT's host is added at call time.
+HUB_HOSTS = ("huggingface.co", "hf.co")
 READ_CHUNK = 1 << 20  # bytes per read() from a stream; the memory a download holds
 CHUNK_BYTES = 64 << 20  # bytes per ranged GET where the backend cannot stream
 
@@ -66,7 +70,7 @@ def filesystem(url: str, storage_options: dict | None = None):
     except ImportError:
         raise ImportError(f"reading {proto}:// shards needs fsspec; {hint}") from None
     try:
-        return fsspec.core.url_to_fs(url, **(storage_options or {}))
+        return fsspec.core.url_to_fs(url, **hub_token_options(url, storage_options))
     except ImportError as exc:
         need = package or "its fsspec backend"
         raise ImportError(f"reading {proto}:// shards ({scrub(url)}) needs {need}: {hint} ({exc})") from None
@@ -75,6 +79,47 @@ def filesystem(url: str, storage_options: dict | None = None):
             raise ValueError(f"no fsspec backend reads {proto}:// URLs ({scrub(url)}); use a path, "
                              "s3://, gs://, http(s)://, hf:// or pipe:") from None
         raise
+
+
+def hub_host(url: str) -> bool:
+    """True for an http(s) URL on the Hugging Face Hub (or on ``HF_ENDPOINT``'s host)."""
+    if protocol(url) not in ("http", "https"):
+        return False
+    host = (urlsplit(url).hostname or "").lower()
+    hosts = set(HUB_HOSTS)
+    endpoint = os.environ.get("HF_ENDPOINT")
+    if endpoint:
+        hosts.add((urlsplit(endpoint).hostname or "").lower())
+    return any(host == h or host.endswith("." + h) for h in hosts if h)
+
+
+def hub_token_options(url: str, storage_options: dict | None) -> dict:
+    """``storage_options`` plus ``Authorization: Bearer <HF_TOKEN>`` for an
+    https:// URL on the Hub that has no Authorization header of its own: the
+    same token ``hf://`` URLs use (``HF_TOKEN``, else ``huggingface-cli
+    login``'s). Sent only to Hub hosts, never to another server."""
+    options = dict(storage_options or {})
+    if not hub_host(url):
+        return options
+    headers = dict(options.get("headers") or {})
+    if any(k.lower() == "authorization" for k in headers):
+        return options
+    token = os.environ.get("HF_TOKEN") or _saved_hub_token()
+    if token:
+        headers["Authorization"] = f"Bearer {token}"
+        options["headers"] = headers
+    return options
+
+
+def _saved_hub_token() -> str | None:
+    try:
+        from huggingface_hub import get_token
+    except ImportError:
+        return None
+    try:
+        return get_token()
+    except Exception:  # an unreadable token file is the same as none: the server then says 401
+        return None
 
 
 # ---------------------------------------------------------------- bounded calls
@@ -158,7 +203,18 @@ def object_identity(info: dict) -> tuple[int | None, str | None]:
     tag = info.get("ETag") or info.get("etag") or info.get("blob_id")
     if tag is None and isinstance(info.get("lfs"), dict):
         tag = info["lfs"].get("sha256")
+    if tag is None:
+        tag = info.get("generation") or info.get("md5Hash")
     return (int(size) if size is not None else None), normalize_etag(tag)
+
+
+def object_info(fs, path: str, timeout: float) -> tuple[int | None, str | None]:
+    """(size, identity tag) of one object in one metadata request. gcsfs's
+    ``info()`` also lists the parent "directory" (a second request, racing the
+    first); asking for the object itself is what an object needs."""
+    if hasattr(fs, "_get_object") and getattr(fs, "async_impl", False):
+        return object_identity(call(fs, "get_object", path, timeout=timeout))
+    return object_identity(call(fs, "info", path, timeout=timeout))
 
 
 # ---------------------------------------------------------------- retries
@@ -220,20 +276,95 @@ _TRANSIENT_MODULES = ("aiohttp", "botocore", "aiobotocore", "urllib3", "requests
 _DISK_ERRNOS = frozenset(getattr(errno, n) for n in ("ENOSPC", "EDQUOT", "EROFS") if hasattr(errno, n))
 
 
+# Refusals: asking again gives the same answer (a missing, private or gated object, a bad credential).
+_REFUSAL_STATUSES = frozenset((401, 403, 404, 410))
+_REFUSAL_CLASSES = frozenset((
+    # huggingface_hub
+    "RepositoryNotFoundError", "GatedRepoError", "RevisionNotFoundError", "EntryNotFoundError",
+    "RemoteEntryNotFoundError", "DisabledRepoError",
+    # azure-core / azure-storage-blob (adlfs)
+    "ClientAuthenticationError", "ResourceNotFoundError",
+    # google-auth / google-api-core (gcsfs)
+    "RefreshError", "DefaultCredentialsError", "Forbidden", "Unauthorized", "NotFound",
+))
+
+
+def _chain(exc: BaseException):
+    """``exc`` and the exceptions it was raised from (``__cause__``, else ``__context__``)."""
+    seen: set[int] = set()
+    e: BaseException | None = exc
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        yield e
+        if e.__cause__ is not None:
+            e = e.__cause__
+        else:  # an error raised while handling another, unless `raise ... from None` hid it
+            e = None if e.__suppress_context__ else e.__context__
+
+
+def http_status(exc: BaseException) -> int | None:
+    """The HTTP status an error carries, looked for on ``exc`` and its causes:
+    aiohttp/our ``status``, requests/httpx/huggingface_hub ``response.status_code``,
+    azure ``status_code``, gcsfs ``HttpError.code``, botocore's response dict."""
+    for e in _chain(exc):
+        for attr in ("status", "status_code", "code"):
+            v = getattr(e, attr, None)
+            if isinstance(v, int) and not isinstance(v, bool) and 100 <= v <= 599:
+                return v
+        response = getattr(e, "response", None)
+        if isinstance(response, dict):  # botocore ClientError
+            v = response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+            if isinstance(v, int):
+                return v
+        elif response is not None:
+            v = getattr(response, "status_code", None) or getattr(response, "status", None)
+            if isinstance(v, int) and not isinstance(v, bool):
+                return v
+    return None
+
+
+def is_refusal(exc: BaseException) -> bool:
+    """The store refused (401/403/404/410, or a backend's not-found / auth /
+    gated-repo exception anywhere in the cause chain): never retried."""
+    for e in _chain(exc):
+        if any(c.__name__ in _REFUSAL_CLASSES for c in type(e).__mro__):
+            return True
+    return http_status(exc) in _REFUSAL_STATUSES
+
+
+def refusal_hint(url: str) -> str:
+    """What to check when the store of ``url`` refuses: per backend."""
+    proto = protocol(url)
+    if proto == "hf" or hub_host(url):
+        return ("check the repo id and path, that the revision exists, and for a private or gated repo that you "
+                "accepted its terms and gave a token: set HF_TOKEN (or run `huggingface-cli login`), or pass "
+                "storage_options={'token': ...}")
+    if proto in ("gs", "gcs"):
+        return ("check the bucket and object name, and the credentials: storage_options={'token': ...} "
+                "(a service-account JSON path, 'google_default', or 'anon' for a public bucket)")
+    if proto in ("az", "abfs", "abfss"):
+        return ("check the container and blob name, and the credentials: storage_options={'account_name': ..., "
+                "'sas_token': ...} or {'connection_string': ...} (or 'anon': True for a public container)")
+    if proto in ("s3", "s3a"):
+        return ("check the bucket and key, and the credentials: storage_options={'key': ..., 'secret': ...}, "
+                "{'profile': ...} or AWS_* environment variables ({'anon': True} for a public bucket)")
+    return "check the URL, and for a server that needs a login pass storage_options={'headers': {'Authorization': ...}}"
+
+
 def is_transient(exc: BaseException) -> bool:
     """Worth retrying: 5xx/408/429, connection resets, timeouts, short reads;
-    never the machine's own disk (``CacheError``, ENOSPC, EDQUOT, EROFS)."""
+    never a refusal (``is_refusal``) nor the machine's own disk (``CacheError``,
+    ENOSPC, EDQUOT, EROFS)."""
     if isinstance(exc, CacheError) or (isinstance(exc, OSError) and exc.errno in _DISK_ERRNOS):
+        return False
+    if is_refusal(exc):
         return False
     if isinstance(exc, FileNotFoundError) and exc.__cause__ is not None:
         return is_transient(exc.__cause__)  # fsspec's HTTP info() turns any failure (a 503 too) into this
     if isinstance(exc, (FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError,
                         ImportError, StaleShard, Truncated)):
         return False
-    status = getattr(exc, "status", None) or getattr(exc, "status_code", None)
-    response = getattr(exc, "response", None)
-    if status is None and isinstance(response, dict):  # botocore ClientError
-        status = response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+    status = http_status(exc)
     if isinstance(status, int):
         return status >= 500 or status in (408, 429)
     if isinstance(exc, (OSError, TimeoutError, EOFError)):
@@ -316,7 +447,8 @@ class RemoteShard:
                 if not is_transient(exc):
                     if isinstance(exc, passthrough):
                         raise
-                    raise ShardError(f"cannot {what} {self.kind} {self.name} at byte {at}: {why}") from None
+                    hint = f"; {refusal_hint(self.url)}" if is_refusal(exc) else ""
+                    raise ShardError(f"cannot {what} {self.kind} {self.name} at byte {at}: {why}{hint}") from None
                 fails += 1
                 if fails > self.retry.retries:
                     hint = ""
@@ -349,7 +481,7 @@ class RemoteShard:
 
         def stat():
             self.stats.add(requests=1)
-            return object_identity(call(fs, "info", path, timeout=self.retry.timeout))
+            return object_info(fs, path, self.retry.timeout)
 
         return self._with_retries("stat", stat)
 

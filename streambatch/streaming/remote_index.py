@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 
 from .errors import ShardError
-from .remote import READ_CHUNK, IOStats, RemoteShard, RetryPolicy, is_remote, scrub_url
+from .remote import READ_CHUNK, IOStats, RemoteShard, RetryPolicy, is_remote, scrub, scrub_url
 
 READAHEAD = 2048  # pax header + record + ustar header + the first data block
 AUDIO_HEAD = 512  # WAV fmt/data chunks and FLAC STREAMINFO sit in the first bytes; more is fetched if not
@@ -213,8 +213,14 @@ def exists(path: str, storage_options: dict | None = None, retry: RetryPolicy | 
 def write_bytes(path: str, data: bytes, storage_options: dict | None = None, retry: RetryPolicy | None = None) -> None:
     """Write a whole object (an object-store PUT is atomic: no torn sidecars),
     retried under ``retry`` (a PUT of the same bytes again is harmless)."""
-    RemoteShard(path, storage_options, retry=retry, kind=_kind(path)).request("write", "pipe_file", data,
-                                                                            nbytes=len(data))
+    try:
+        RemoteShard(path, storage_options, retry=retry, kind=_kind(path)).request("write", "pipe_file", data,
+                                                                                nbytes=len(data))
+    except (ShardError, OSError, NotImplementedError) as exc:
+        # a public bucket, the Hub or an HTTP server takes no upload from a reader: say where else it can go
+        raise ShardError(f"{scrub(exc)}; the store did not take the write: keep the index elsewhere with "
+                         "index_dir=DIR (`streambatch index --index-dir DIR`), a local directory or shared "
+                         "storage every rank can read") from None
 
 
 def npz_bytes(meta: dict, arrays: dict[str, np.ndarray], compressed: bool = True) -> bytes:

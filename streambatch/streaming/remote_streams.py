@@ -22,6 +22,7 @@ from .remote import (
     call,
     deadline,
     normalize_etag,
+    object_info,
     scrub,
 )
 
@@ -148,17 +149,23 @@ def _content_total(content_range, content_length, offset: int) -> int | None:
 class _ChunkedStream(_Stream):
     """Ranged GETs of ``chunk`` bytes from ``offset`` to ``end`` (None: the
     object's end), for backends without a streaming body; each may take
-    ``timeout`` seconds per MiB (``remote.deadline``). ``total`` is the
-    object's size: ``size`` if known, else one metadata request first."""
+    ``timeout`` seconds per MiB (``remote.deadline``). ``total`` and
+    ``etag`` are the object's size and identity tag (ETag, GCS generation,
+    Hub blob id / LFS sha256) from one metadata request first, so every
+    backend's download is checked against what was indexed, as HTTP's and
+    S3's response headers are."""
 
     def __init__(self, fs, path: str, offset: int, end: int | None, size: int | None, chunk: int = CHUNK_BYTES,
                  stats: IOStats | None = None, timeout: float = 60.0):
         self.fs, self.path, self.pos, self.chunk = fs, path, offset, chunk
         self.stats, self.timeout = stats or IOStats(), timeout
-        if size is None:  # reading past the end is an error on some backends: know where it is
-            self.stats.add(requests=1)
-            size = call(fs, "size", path, timeout=timeout)
-        self.total = None if size is None else int(size)
+        # Chunks carry no headers: ask the object itself (also where its end is: reading past it fails on
+        # some backends). Without this a piece of a shard would look like a different, shorter shard.
+        self.stats.add(requests=1)
+        info_size, self.etag = object_info(fs, path, timeout)
+        if info_size is None:
+            info_size = size
+        self.total = None if info_size is None else int(info_size)
         # the object's size, not the end of the range read: a piece of a shard is not a smaller shard
         self.stop = end if end is not None else self.total
         self._buf = memoryview(b"")

@@ -33,6 +33,7 @@ import os
 import tempfile
 import zipfile
 from typing import Any
+from urllib.parse import urlsplit
 
 import numpy as np
 
@@ -41,7 +42,7 @@ from ..core.units import MAX_LENGTH
 from .errors import ShardError
 from .lengths import LengthSpec
 from .reader import is_local, local_path, url_basename
-from .remote import is_remote
+from .remote import is_remote, protocol
 
 # re-exported: the shard identity checks lived here before shard_identity.py
 from .shard_identity import VERIFY_MODES as VERIFY_MODES
@@ -65,15 +66,51 @@ def _digest(arrays: dict[str, np.ndarray]) -> str:
     return h.hexdigest()
 
 
-def sidecar_path(url: str, index_dir: str | None = None) -> str:
-    """Where the sidecar of ``url`` lives: next to the shard (a local file or
-    an fsspec URL), or in ``index_dir`` (local or remote) under the shard's
-    file name (required for ``pipe:`` shards)."""
+# Stores that take no uploads from a reader (plain HTTP servers, the Hugging Face Hub): their sidecars and
+# catalog default to a local directory (default_index_dir) instead of a write next to the shards.
+READ_ONLY_SCHEMES = frozenset(("http", "https", "hf"))
+
+
+def index_home() -> str:
+    """Where indexes of read-only shards go by default: ``$STREAMBATCH_INDEX_DIR``,
+    else ``$XDG_CACHE_HOME/streambatch/index`` (``~/.cache/streambatch/index``)."""
+    home = os.environ.get("STREAMBATCH_INDEX_DIR")
+    if home:
+        return home
+    cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(cache, "streambatch", "index")
+
+
+def default_index_dir(url: str) -> str | None:
+    """The local directory that holds the index of a shard on a read-only store
+    (``READ_ONLY_SCHEMES``): ``index_home()/<16 hex digits of the shard's
+    directory URL>``, one per remote directory; None for every other shard
+    (its sidecar sits next to it)."""
+    if protocol(url) not in READ_ONLY_SCHEMES:
+        return None
+    u = urlsplit(url)  # no user, password, query or fragment: the same directory whoever asks, and no secret
+    host = (u.hostname or "") + (f":{u.port}" if u.port else "")
+    parent = f"{u.scheme.lower()}://{host}{u.path}".rsplit("/", 1)[0]
+    return os.path.join(index_home(), hashlib.sha256(parent.encode()).hexdigest()[:16])
+
+
+def sidecar_path(url: str, index_dir: str | None = None, *, for_write: bool = False) -> str:
+    """Where the sidecar of ``url`` lives: in ``index_dir`` (local or remote)
+    under the shard's file name (required for ``pipe:`` shards), else next to
+    the shard (a local file or an fsspec URL). For a shard on a read-only store
+    (HTTP, the Hub) the default is ``default_index_dir(url)``: always when
+    writing (``for_write``), and when reading if a sidecar is there (else the
+    one next to the shard, which a server may publish with its shards)."""
     if index_dir is not None:
         index_dir = os.fspath(index_dir)
         if is_remote(index_dir):
             return index_dir.rstrip("/") + "/" + url_basename(url) + SIDECAR_SUFFIX
         return os.path.join(index_dir, url_basename(url) + SIDECAR_SUFFIX)
+    home = default_index_dir(url)
+    if home is not None:
+        local = os.path.join(home, url_basename(url) + SIDECAR_SUFFIX)
+        if for_write or os.path.exists(local):
+            return local
     if is_remote(url):
         return url.split("?", 1)[0] + SIDECAR_SUFFIX
     if not is_local(url):
