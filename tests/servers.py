@@ -145,16 +145,22 @@ http {{
         listen {host}:{port};
         root {root};
         {max_ranges}
-        location / {{ autoindex on; }}
+        location / {{ {auth} autoindex on; }}
     }}
 }}
 """
 
 
+def _bearer_rule(bearer: str | None) -> str:
+    return f'if ($http_authorization != "Bearer {bearer}") {{ return 401; }}' if bearer else ""
+
+
 @contextlib.contextmanager
-def nginx_server(root, ranges: bool = True):
+def nginx_server(root, ranges: bool = True, bearer: str | None = None):
     """nginx serving directory ``root`` on a free 127.0.0.1 port until the
-    block ends; ``ranges=False``: a server that ignores Range headers."""
+    block ends; ``ranges=False``: a server that ignores Range headers;
+    ``bearer``: every request without ``Authorization: Bearer <bearer>`` is
+    answered 401 (a private or gated Hub repo)."""
     binary = nginx_binary()
     if binary is None:
         pytest.skip("nginx is not installed (apt-get install -y --no-install-recommends nginx-light)")
@@ -165,7 +171,8 @@ def nginx_server(root, ranges: bool = True):
     conf = os.path.join(prefix, "nginx.conf")
     with open(conf, "w") as f:
         f.write(_NGINX_CONF.format(prefix=prefix, user=user, host=HOST, port=port, root=os.path.abspath(root),
-                             max_ranges="" if ranges else "max_ranges 0;"))
+                             max_ranges="" if ranges else "max_ranges 0;",
+                             auth=_bearer_rule(bearer)))
     open(os.path.join(prefix, "access.log"), "w").close()
     # -e: the error log before the config is read (else /var/log/nginx, maybe unwritable).
     proc = subprocess.Popen([binary, "-p", prefix, "-c", conf, "-e", os.path.join(prefix, "error.log")],

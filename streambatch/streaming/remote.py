@@ -447,7 +447,8 @@ class RemoteShard:
                 if not is_transient(exc):
                     if isinstance(exc, passthrough):
                         raise
-                    hint = f"; {refusal_hint(self.url)}" if is_refusal(exc) else ""
+                    refused = is_refusal(exc) or isinstance(exc, (FileNotFoundError, PermissionError))
+                    hint = f"; {refusal_hint(self.url)}" if refused else ""
                     raise ShardError(f"cannot {what} {self.kind} {self.name} at byte {at}: {why}{hint}") from None
                 fails += 1
                 if fails > self.retry.retries:
