@@ -44,7 +44,9 @@ def torchrun_part() -> tuple[int, int] | None:
 
 def run_index(args: argparse.Namespace) -> int:
     from ..streaming.indexer import index_shards, merge_catalog, parse_part
+    from ..streaming.reader import expand_urls
     from ..streaming.remote import RetryPolicy
+    from ..streaming.sidecar import default_index_dir
 
     shards = [u for text in args.shards for u in shard_list(text)]
     options = storage_options(args.storage_option) or None
@@ -64,7 +66,13 @@ def run_index(args: argparse.Namespace) -> int:
         _merge_under_torchrun(shards, part, args, options, retry)
     fps = args.frames_per_second
     sec = (lambda v: f" ({v / fps:.1f} s)") if fps else (lambda v: "")
-    where = f"in {scrub(args.index_dir)}" if args.index_dir else "next to the shards"
+    local_home = default_index_dir(expand_urls(shards)[0]) if not args.index_dir and s.shards else None
+    if args.index_dir:
+        where = f"in {scrub(args.index_dir)}"
+    elif local_home is not None:  # HTTP(S) / Hub shards: the store takes no uploads
+        where = f"in {local_home} (this machine; set STREAMBATCH_INDEX_DIR or --index-dir for shared storage)"
+    else:
+        where = "next to the shards"
     of = f" (part {part[0]} of {part[1]})" if part is not None and part[1] > 1 else ""
     print(f"{s.shards:,} shards{of}: {s.indexed:,} indexed, {s.current:,} already current ({s.seconds:.1f} s); "
           f"sidecars {where}")
