@@ -278,8 +278,22 @@ def test_refusals_are_not_retried_through_any_cause_chain():
     for code in (401, 403, 404, 410):
         assert is_refusal(HTTPStatusError(code, "u")) and not is_transient(HTTPStatusError(code, "u"))
     botocore_403 = Status(response={"ResponseMetadata": {"HTTPStatusCode": 403}})
-    for err in (Status(status_code=403), Status(code=404), botocore_403):
-        assert http_status(err) in (403, 404) and not is_transient(err)
+    for err in (Status(status_code=403), botocore_403):
+        assert http_status(err) == 403 and not is_transient(err)
+    gcs_404 = type("HttpError", (Exception,), {"__module__": "gcsfs.retry"})("missing")
+    gcs_404.code = 404
+    assert http_status(gcs_404) == 404 and is_refusal(gcs_404) and not is_transient(gcs_404)
+    # aiohttp's payload errors carry code=400 for a response cut short: a network fault, retried
+    from aiohttp.client_exceptions import ClientPayloadError
+    from aiohttp.http_exceptions import ContentLengthError
+
+    try:
+        try:
+            raise ContentLengthError("Not enough data to satisfy content length header")
+        except ContentLengthError as inner:
+            raise ClientPayloadError("Response payload is not completed") from inner
+    except ClientPayloadError as cut:
+        assert http_status(cut) is None and not is_refusal(cut) and is_transient(cut)
     # fsspec wraps the cause in a FileNotFoundError: a 503 inside stays transient, a 401 inside does not
     for inner, transient in ((HTTPStatusError(503, "u"), True), (HTTPStatusError(401, "u"), False)):
         try:

@@ -307,7 +307,9 @@ def http_status(exc: BaseException) -> int | None:
     aiohttp/our ``status``, requests/httpx/huggingface_hub ``response.status_code``,
     azure ``status_code``, gcsfs ``HttpError.code``, botocore's response dict."""
     for e in _chain(exc):
-        for attr in ("status", "status_code", "code"):
+        # ``code`` only on gcsfs/google errors: aiohttp's parser errors carry code=400 for a response cut short
+        google = type(e).__module__.split(".")[0] in ("gcsfs", "google")
+        for attr in ("status", "status_code", "code") if google else ("status", "status_code"):
             v = getattr(e, attr, None)
             if isinstance(v, int) and not isinstance(v, bool) and 100 <= v <= 599:
                 return v
