@@ -263,3 +263,28 @@ def test_replaced_object_is_refused_before_and_during_training(corpus, store, tm
                           cache_dir=str(tmp_path))
     with pytest.raises(ShardError, match=r"train-000001\.tar changed since it was indexed"):
         list(ds)
+
+
+def test_hub_four_ranks_two_workers_behind_faults_and_a_refused_token(corpus, hub, tmp_path, monkeypatch):
+    """4 ranks x 2 workers over the token-guarded Hub layout through the fault
+    proxy (resets retried, nothing lost, equal steps); then a wrong token of
+    the user's own: every rank raises the 401 within seconds, none hangs."""
+    monkeypatch.setenv("HF_TOKEN", TOKEN)  # inherited by the spawned ranks
+    monkeypatch.setenv("STREAMBATCH_INDEX_DIR", str(tmp_path / "home"))
+    with FaultProxy(hub.port) as px:
+        monkeypatch.setenv("HF_ENDPOINT", px.url)
+        urls = [f"{px.url}/{REPO_PATH}/train-{i:06d}.tar" for i in range(len(SIZES))]
+        index_shards(urls, frames_per_second=FPS, progress=False)
+        catalog = [os.path.join(d, f) for d, _, fs in os.walk(tmp_path / "home") for f in fs
+                   if f == "streambatch.catalog.npz"][0]
+        px.match, px.reset_every, px.reset_after, px.stall = ".tar ", 4, 3000, 0.2
+        wrong = {"headers": {"Authorization": "Bearer hf_wrong"}}
+        results = _run_world(tmp_path / "out", catalog, catalog, None, wrong, None)
+        assert px.faults_fired() >= 1
+    expected = corpus[3]
+    assert len({len(r["epoch"]) for r in results}) == 1 and all(len(r["epoch"]) == r["len"] for r in results)
+    counts = collections.Counter(k for r in results for b in r["epoch"] for k in b)
+    assert set(counts) == set(expected)
+    assert [r["epoch"] for r in results] == local_epochs(corpus, 4)
+    for r in results:
+        assert "401" in r["error"] and "HF_TOKEN" in r["error"], r["error"]
