@@ -197,13 +197,14 @@ def test_plan_on_shards_translates_api_words_into_flags(shards, capsys):
 def test_every_subcommand_has_help_with_examples():
     parser = build_parser()
     sub = next(a for a in parser._actions if a.dest == "command")
-    assert set(sub.choices) == {"demo", "plan", "bench", "index"}
+    assert set(sub.choices) == {"demo", "plan", "bench", "index", "calibrate"}
     for name, p in sub.choices.items():
         text = p.format_help()
         assert text.startswith(f"usage: streambatch {name}")
         assert "(default:" in text
     assert "cuts.jsonl.gz" in sub.choices["plan"].format_help()
     assert "--sizes 1e6 1e7 4e7 --worlds 8 64 512" in sub.choices["bench"].format_help()
+    assert "--script bench/model.py:make_step" in sub.choices["calibrate"].format_help()
 
 
 def test_argument_types():

@@ -160,3 +160,45 @@ def mix_shares(plan: Plan, mix: Any) -> tuple[np.ndarray, np.ndarray]:
     whole = counts.sum(axis=0)
     early = counts[: max(1, int(round(0.1 * counts.shape[0])))].sum(axis=0)
     return whole / max(whole.sum(), 1), early / max(early.sum(), 1)
+
+
+def time_report(b: Batches, lengths: np.ndarray, cost: Any, max_batch_tokens: int) -> dict[str, Any]:
+    """What an epoch costs in seconds under a measured step model
+    (``CostModel.step``): the predicted epoch time ``sum over steps of (c0 +
+    the step's costliest batch)``, a lower bound no plan beats, and the parts
+    worth looking at: the per-step term, steps whose costliest batch is a
+    single sample, the final step, the slowest 1 % of steps."""
+    steps = b.num_steps
+    per = cost.batch_cost(b.sizes, b.longest) if steps else np.zeros((0, b.world_size))
+    top = per.max(axis=1) if steps else np.zeros(0)
+    epoch = cost.epoch_time(per)
+    lens = np.asarray(lengths, dtype=np.float64)
+    # every sample costs at least its own batch of one; a step holds at most W * budget tokens
+    work = float(np.sum(lens * (cost.c1 + cost.c2 * lens))) / b.world_size
+    min_steps = int(np.ceil(lens.sum() / (b.world_size * max_batch_tokens))) if lens.size else 0
+    longest_alone = float(cost.batch_cost(1, lens.max())) if lens.size else 0.0
+    bound = cost.c0 * min_steps + max(work, longest_alone)
+    lone = np.take_along_axis(b.sizes, per.argmax(axis=1)[:, None], axis=1)[:, 0] == 1 if steps else np.zeros(0, bool)
+    k = max(1, steps // 100)
+    slow = np.sort(top)[-k:] if steps else np.zeros(0)
+    return {"epoch_seconds": epoch, "bound_seconds": bound, "steps": steps, "min_steps": min_steps,
+            "per_step_seconds": cost.c0 * steps, "lone_sample_steps": int(lone.sum()),
+            "lone_sample_seconds": float(top[lone].sum() + cost.c0 * lone.sum()) if steps else 0.0,
+            "final_step_seconds": float(top[-1] + cost.c0) if steps else 0.0,
+            "slowest_1pct_seconds": float(slow.sum() + cost.c0 * slow.size)}
+
+
+def format_time_report(t: dict[str, Any]) -> list[str]:
+    e = t["epoch_seconds"] or 1.0
+    return [
+        f"  predicted epoch      {t['epoch_seconds']:.4g} s   sum over steps of (c0 + costliest batch), "
+        f"fitted model",
+        f"  time bound           {t['bound_seconds']:.4g} s   no plan is faster (this one: "
+        f"{t['epoch_seconds'] / t['bound_seconds'] if t['bound_seconds'] else 1:.2f}x)",
+        f"  steps                {t['steps']:,} (the budget needs at least {t['min_steps']:,}); per-step c0: "
+        f"{t['per_step_seconds']:.4g} s ({t['per_step_seconds'] / e:.1%})",
+        f"  one-sample steps     {t['lone_sample_steps']:,} whose costliest batch is one sample: "
+        f"{t['lone_sample_seconds']:.4g} s ({t['lone_sample_seconds'] / e:.1%})",
+        f"  slowest 1% of steps  {t['slowest_1pct_seconds']:.4g} s ({t['slowest_1pct_seconds'] / e:.1%}); "
+        f"final step {t['final_step_seconds']:.4g} s",
+    ]

@@ -126,7 +126,7 @@ def run_plan(args: argparse.Namespace) -> int:
     from ..planners import make_plan, plan_epoch
     from ..planners.epoch import plan_epoch_steps
     from .figures import check_figure_path, plot_plan
-    from .metrics import epoch_time_bound, mix_shares, plan_batches, quality
+    from .metrics import epoch_time_bound, format_time_report, mix_shares, plan_batches, quality, time_report
     from .outliers import find_outliers
     from .report import format_mix, format_quality, histogram, seconds_label
 
@@ -179,13 +179,16 @@ def run_plan(args: argparse.Namespace) -> int:
         return quality(plan_batches(again, kept), args.max_batch_tokens).epoch_time
 
     note = find_outliers(held, batches, epoch_time, fps) if held.size else None
+    step_model = _step_model(options)
+    timing = time_report(batches, held, step_model, args.max_batch_tokens) if step_model is not None else None
     if args.json:
         out = {"samples": int(held.size), "source": source, "planner": args.planner,
                "max_batch_tokens": args.max_batch_tokens, "max_batch_size": args.max_batch_size,
                "world_size": args.world_size, "seed": args.seed, "epoch": args.epoch,
                "num_padded": plan.num_padded, "num_dropped": plan.num_dropped, "plan_seconds": seconds,
                "max_length": limit, "num_too_long": int(over.size), **q.as_dict(), "epoch_time_bound": bound,
-               "outliers": None if note is None else {**note.__dict__, "text": note.text()}}
+               "outliers": None if note is None else {**note.__dict__, "text": note.text()},
+               "time": timing, "cost": None if step_model is None else step_model.to_dict()}
         if mix is not None:
             out["samples_per_epoch"] = mix.samples_per_epoch
             out["sources"] = [{"name": n, "samples": size, "quota": quota, "target_share": target,
@@ -216,6 +219,9 @@ def run_plan(args: argparse.Namespace) -> int:
         print("\n".join(format_quality(q)))
         print(f"  epoch time bound     {bound:.4g}   max(sum L^2 / W, max L^2): no plan is faster "
               f"(this one: {q.epoch_time / bound if bound else 1:.2f}x)")
+        if timing is not None:
+            print(f"\nmeasured step cost {step_model}")
+            print("\n".join(format_time_report(timing)))
         if note is not None:
             print(f"\nlong samples: {note.text()}")
         print(f"\nbatch size (samples per batch, {q.batches:,} batches)")
@@ -228,6 +234,16 @@ def run_plan(args: argparse.Namespace) -> int:
                   title=f"{source}: {args.planner}, budget {args.max_batch_tokens:,}, W={args.world_size}")
         print(f"\nwrote {plot}", file=sys.stderr if args.json else sys.stdout)
     return 0
+
+
+def _step_model(options: dict):
+    """The measured step model among the planner options (``-o cost=cost.json``), or None."""
+    from ..core.cost import resolve_cost
+
+    if "cost" not in options:
+        return None
+    cost = resolve_cost(options["cost"])
+    return cost if cost.kind == "step" else None
 
 
 def resolve_max_length(text: str | None, fps: float | None) -> int | None:

@@ -7,7 +7,18 @@ A batch of ``B`` samples padded to ``L`` costs
     quadratic_duration   B * (L + L**2 / q)    (lhotse's ``quadratic_duration``)
 
 ``q`` is in the same units as the lengths (frames or tokens, not seconds:
-lhotse's ``quadratic_duration=30`` at 50 frames/s is ``q=1500``). Kernels get
+lhotse's ``quadratic_duration=30`` at 50 frames/s is ``q=1500``).
+
+``step`` is a measured model of one training step, in seconds:
+
+    step                 c0 + c1 * B * L + c2 * B * L**2   (fitted by ``CostModel.fit``)
+
+``c0`` (per step: optimizer, all-reduce, launches) is the same for every
+batch of a step, so ranks are balanced under ``c1 * B * L + c2 * B * L**2``:
+up to a constant factor that is ``quadratic_duration`` with ``q = c1 / c2``
+(rounded), ``linear`` when ``c2 = 0`` and ``quadratic`` when ``c1 = 0``, and
+the kernels get exactly that model. ``c0`` counts in the epoch time,
+``sum over steps of (c0 + the step's costliest batch)``. Kernels get
 the model as two integers, ``coefficients``, and compute ``scale * cost`` in
 int64 (``scale`` is ``q`` for quadratic_duration, 1 otherwise), so no float
 ever decides a plan.
@@ -15,28 +26,44 @@ ever decides a plan.
 
 from __future__ import annotations
 
+import json
+import math
 import numbers
+import os
 from dataclasses import dataclass
 
 import numpy as np
 from numpy.typing import ArrayLike
 
 INT64_MAX = np.iinfo(np.int64).max
-KINDS = ("linear", "quadratic", "quadratic_duration")
+KINDS = ("linear", "quadratic", "quadratic_duration")  # the kinds kernels compute
+ALL_KINDS = (*KINDS, "step")  # a step model balances as one of KINDS (``plain``)
+COST_FORMAT = "streambatch-cost"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, repr=False)
 class CostModel:
     """A batch cost model: ``kind`` is one of ``KINDS``; ``q`` (length units,
-    >= 1) only for ``quadratic_duration``. Build with ``CostModel.linear()``,
-    ``CostModel.quadratic()`` or ``CostModel.quadratic_duration(q)``."""
+    >= 1) only for ``quadratic_duration``; ``c0, c1, c2`` (seconds per step,
+    per padded token, per B * L**2) only for ``step``. Build with
+    ``CostModel.linear()``, ``CostModel.quadratic()``,
+    ``CostModel.quadratic_duration(q)``, ``CostModel.step(c0, c1, c2)``,
+    ``CostModel.fit(step_fn, ...)`` or ``CostModel.load("cost.json")``."""
 
     kind: str = "quadratic"
     q: int = 0
+    c0: float = 0.0
+    c1: float = 0.0
+    c2: float = 0.0
 
     def __post_init__(self) -> None:
-        if self.kind not in KINDS:
-            raise ValueError(f"cost kind must be one of {KINDS}, got {self.kind!r}")
+        if self.kind not in ALL_KINDS:
+            raise ValueError(f"cost kind must be one of {ALL_KINDS}, got {self.kind!r}")
+        if self.kind == "step":
+            self._check_step()
+            return
+        if (self.c0, self.c1, self.c2) != (0.0, 0.0, 0.0):
+            raise ValueError(f"c0, c1, c2 only apply to kind='step'; got them with kind={self.kind!r}")
         if self.kind == "quadratic_duration":
             if isinstance(self.q, bool) or not isinstance(self.q, numbers.Integral):
                 raise TypeError(
@@ -48,6 +75,49 @@ class CostModel:
             object.__setattr__(self, "q", int(self.q))
         elif self.q != 0:
             raise ValueError(f"q only applies to kind='quadratic_duration'; got q={self.q!r} with kind={self.kind!r}")
+
+    def _check_step(self) -> None:
+        for name in ("c0", "c1", "c2"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, numbers.Real) or not math.isfinite(v) or v < 0:
+                raise ValueError(f"step cost {name} must be a finite number of seconds >= 0, got {v!r}")
+            object.__setattr__(self, name, float(v))
+        if self.c1 <= 0 and self.c2 <= 0:
+            raise ValueError(f"a step cost needs c1 > 0 or c2 > 0 (seconds per token or per B*L^2), got "
+                             f"c1={self.c1}, c2={self.c2}; fit it with CostModel.fit or `streambatch calibrate`")
+        if self.q != 0:
+            raise ValueError("q does not apply to kind='step' (it follows from c1 / c2)")
+
+    @classmethod
+    def step(cls, c0: float, c1: float, c2: float) -> CostModel:
+        """A measured step: ``c0 + c1 * B * L + c2 * B * L**2`` seconds."""
+        return cls("step", 0, c0, c1, c2)
+
+    @property
+    def plain(self) -> CostModel:
+        """The kernel-computable model ranks are balanced under (itself unless
+        ``step``: ``quadratic_duration(round(c1 / c2))``, ``linear`` if
+        ``c2 = 0``, ``quadratic`` if ``c1 / c2 < 0.5``)."""
+        if self.kind != "step":
+            return self
+        if self.c2 <= 0:
+            return CostModel.linear()
+        ratio = self.c1 / self.c2
+        if ratio < 0.5:
+            return CostModel.quadratic()
+        return CostModel.quadratic_duration(int(min(round(ratio), 2**62)))
+
+    @property
+    def seconds_per_unit(self) -> float:
+        """Seconds per unit of ``plain``'s cost (1.0 for the plain kinds: their unit is their own)."""
+        if self.kind != "step":
+            return 1.0
+        return self.c2 if self.plain.kind == "quadratic" else self.c1
+
+    @property
+    def per_step(self) -> float:
+        """Seconds every step pays whatever its batches (``c0``; 0 for the plain kinds)."""
+        return self.c0
 
     @classmethod
     def linear(cls) -> CostModel:
@@ -63,41 +133,120 @@ class CostModel:
 
     @property
     def code(self) -> int:
-        """The integer code of ``kind`` (index in ``KINDS``)."""
-        return KINDS.index(self.kind)
+        """The integer code kernels take (index in ``KINDS`` of ``plain``'s kind)."""
+        return KINDS.index(self.plain.kind)
+
+    @property
+    def kernel_q(self) -> int:
+        """``q`` as kernels take it (``plain``'s)."""
+        return self.plain.q
 
     @property
     def coefficients(self) -> tuple[int, int]:
         """(ca, cb) with ``scale * cost = B * L * (ca * L + cb)``: what kernels
         take (two numbers rather than ``code``: a kernel branching on a code
         inside its loops compiles one copy of each loop per model)."""
-        return {"linear": (0, 1), "quadratic": (1, 0), "quadratic_duration": (1, self.q)}[self.kind]
+        p = self.plain
+        return {"linear": (0, 1), "quadratic": (1, 0), "quadratic_duration": (1, p.q)}[p.kind]
 
     @property
     def scale(self) -> int:
         """Kernels compute ``scale * cost`` to stay in integers."""
-        return self.q if self.kind == "quadratic_duration" else 1
+        p = self.plain
+        return p.q if p.kind == "quadratic_duration" else 1
 
     def scaled(self, count: ArrayLike, max_len: ArrayLike) -> np.ndarray:
         """``scale * cost`` of batches, exactly as kernels compute it (int64)."""
         b = np.asarray(count, dtype=np.int64)
         m = np.asarray(max_len, dtype=np.int64)
-        if self.kind == "linear":
+        kind = self.plain.kind
+        if kind == "linear":
             return b * m
-        if self.kind == "quadratic":
+        if kind == "quadratic":
             return b * m * m
-        return b * m * (self.q + m)
+        return b * m * (self.plain.q + m)
 
     def batch_cost(self, count: ArrayLike, max_len: ArrayLike) -> np.ndarray:
-        """Cost of batches of ``count`` samples padded to ``max_len`` (float64)."""
+        """Cost of batches of ``count`` samples padded to ``max_len`` (float64;
+        seconds without the per-step ``c0`` for ``step``)."""
+        if self.kind == "step":
+            b = np.asarray(count, dtype=np.float64)
+            m = np.asarray(max_len, dtype=np.float64)
+            return b * m * (self.c1 + self.c2 * m)
         return self.scaled(count, max_len) / float(self.scale)
+
+    def epoch_time(self, step_costs: ArrayLike) -> float:
+        """``sum over steps of (per_step + the step's costliest batch)`` from
+        ``step_costs``: (S, W) float64 batch costs (``batch_cost``)."""
+        c = np.asarray(step_costs, dtype=np.float64)
+        if c.size == 0:
+            return 0.0
+        return float(c.reshape(c.shape[0], -1).max(axis=1).sum() + self.per_step * c.shape[0])
+
+    # -------------------------------------------------------- a measured model on disk
+
+    def to_dict(self) -> dict:
+        out: dict = {"format": COST_FORMAT, "version": 1, "kind": self.kind}
+        if self.kind == "step":
+            out.update(c0=self.c0, c1=self.c1, c2=self.c2, units="seconds; L in the planner's length units")
+        elif self.kind == "quadratic_duration":
+            out["q"] = self.q
+        return out
+
+    @classmethod
+    def from_dict(cls, d: dict, where: str = "cost") -> CostModel:
+        if not isinstance(d, dict) or d.get("format") != COST_FORMAT:
+            raise ValueError(f"{where} is not a streambatch cost model (want a JSON object with "
+                             f"format={COST_FORMAT!r}, as `streambatch calibrate` writes)")
+        kind = d.get("kind")
+        if kind == "step":
+            return cls.step(d.get("c0"), d.get("c1"), d.get("c2"))
+        if kind == "quadratic_duration":
+            return cls.quadratic_duration(d.get("q"))
+        return cls(kind)
+
+    def save(self, path: str | os.PathLike, fit: dict | None = None) -> None:
+        """Write the model (and what its fit measured) as JSON."""
+        d = self.to_dict()
+        if fit is not None:
+            d["fit"] = fit
+        with open(path, "w") as f:
+            json.dump(d, f, indent=1)
+            f.write("\n")
+
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> CostModel:
+        """A model written by ``save`` / ``streambatch calibrate``."""
+        try:
+            with open(path) as f:
+                d = json.load(f)
+        except OSError as exc:
+            raise ValueError(f"cannot read the cost model {os.fspath(path)!r}: {exc.strerror or exc}") from None
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"{os.fspath(path)!r} is not JSON ({exc}); pass a file `streambatch calibrate` "
+                             "wrote") from None
+        return cls.from_dict(d, repr(os.fspath(path)))
+
+    @classmethod
+    def fit(cls, step_fn, shapes=None, **options) -> CostModel:
+        """Time ``step_fn(batch_size, length)`` (one forward + backward +
+        optimizer step of the user's model on a batch of that shape) over a
+        designed set of shapes and fit ``c0, c1, c2`` (non-negative least
+        squares on relative errors). ``options``: see ``cost_fit.calibrate``
+        (max_batch_tokens, max_length, repeats, warmup, max_seconds, progress).
+        The fit's report is on the returned model's ``fit_report`` attribute."""
+        from .cost_fit import calibrate  # the timing loop: only for those who calibrate
+
+        model, report = calibrate(step_fn, shapes=shapes, **options)
+        object.__setattr__(model, "fit_report", report)
+        return model
 
     def cost_cap(self, max_step_cost: float | None) -> int:
         """``max_step_cost`` (cost units; None: no cap) as the kernels' cap on
         scaled batch costs (``scale * cost``); a ValueError when no batch fits."""
         if max_step_cost is None:
             return INT64_MAX
-        cap = int(min(np.floor(max_step_cost * self.scale), INT64_MAX))
+        cap = int(min(np.floor(max_step_cost / self.seconds_per_unit * self.scale), INT64_MAX))
         if cap < 1:
             raise ValueError(f"max_step_cost={max_step_cost} is below the cost of any batch ({self}); raise it")
         return cap
@@ -106,7 +255,8 @@ class CostModel:
         """Refuse lengths whose scaled costs summed over a step could overflow int64."""
         # A feasible batch holds <= min(budget, size cap * L) tokens, and a lone sample may exceed the budget.
         tokens = max(max_len, min(max_tokens, max_size * max_len))
-        per_token = {"linear": 1, "quadratic": max_len, "quadratic_duration": self.q + max_len}[self.kind]
+        p = self.plain
+        per_token = {"linear": 1, "quadratic": max_len, "quadratic_duration": p.q + max_len}[p.kind]
         bound = world_size * tokens * per_token
         if bound > INT64_MAX // 4:
             raise ValueError(
@@ -115,20 +265,34 @@ class CostModel:
                 "express lengths in coarser units (e.g. frames instead of audio samples)"
             )
 
+    def __repr__(self) -> str:
+        # the plain kinds keep the repr they always had: it is part of saved configuration fingerprints
+        if self.kind == "step":
+            return f"CostModel(kind='step', c0={self.c0!r}, c1={self.c1!r}, c2={self.c2!r})"
+        return f"CostModel(kind={self.kind!r}, q={self.q!r})"
+
     def __str__(self) -> str:
+        if self.kind == "step":
+            return f"{self.c0:.4g} + {self.c1:.4g}*B*L + {self.c2:.4g}*B*L^2 s"
         return {"linear": "B*L", "quadratic": "B*L^2", "quadratic_duration": f"B*(L+L^2/{self.q})"}[self.kind]
 
 
-def resolve_cost(cost: str | CostModel | None) -> CostModel:
-    """A CostModel from ``None`` (the seed's quadratic), a kind name or a CostModel."""
+def resolve_cost(cost: str | os.PathLike | CostModel | None) -> CostModel:
+    """A CostModel from ``None`` (the seed's quadratic), a kind name, a JSON
+    file of a fitted model (``"cost.json"``) or a CostModel."""
     if cost is None:
         return CostModel.quadratic()
     if isinstance(cost, CostModel):
         return cost
+    if isinstance(cost, os.PathLike) or (isinstance(cost, str) and cost.endswith(".json")):
+        return CostModel.load(cost)
     if isinstance(cost, str):
+        if cost == "step":
+            raise ValueError("cost='step' needs measured coefficients: pass cost='cost.json' (from `streambatch "
+                             "calibrate`) or CostModel.step(c0, c1, c2)")
         if cost == "quadratic_duration":
             raise ValueError("cost='quadratic_duration' needs q: pass cost=CostModel.quadratic_duration(q)")
         if cost not in KINDS:
-            raise ValueError(f"cost must be one of {KINDS} or a CostModel, got {cost!r}")
+            raise ValueError(f"cost must be one of {KINDS}, a cost JSON file or a CostModel, got {cost!r}")
         return CostModel(cost)
     raise TypeError(f"cost must be a CostModel or one of {KINDS}, got {cost!r} ({type(cost).__name__})")

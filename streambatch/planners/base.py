@@ -30,7 +30,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from ..core.cost import KINDS, CostModel
+from ..core.cost import ALL_KINDS, CostModel
 from ..core.plan import Plan
 
 
@@ -85,9 +85,10 @@ class Planner:
     summary: str = ""
 
     def __post_init__(self) -> None:
-        bad = [c for c in self.costs if c not in KINDS]
+        bad = [c for c in self.costs if c not in ALL_KINDS]
         if not self.costs or bad:
-            raise ValueError(f"planner {self.name!r}: costs must be a non-empty subset of {KINDS}, got {self.costs}")
+            raise ValueError(f"planner {self.name!r}: costs must be a non-empty subset of {ALL_KINDS}, "
+                             f"got {self.costs}")
 
     def __call__(self, lengths: np.ndarray, max_batch_tokens: int, max_batch_size: int, world_size: int,
                  shuffle: bool, drop_last: bool, seed: int, epoch: int, **options: Any) -> Plan:

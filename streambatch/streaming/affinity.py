@@ -209,7 +209,7 @@ def plan_affine_window(carry_len: np.ndarray, carry_holder: np.ndarray, new_len:
         walker = np.where(pooled, w, holder)  # pooled samples sort after every rank's segment
         order = np.lexsort((tags, lengths, walker)).astype(np.int64)
         starts = np.searchsorted(walker[order], np.arange(w + 1)).astype(np.int64)
-        counts, k, pos = affine_steps(lengths[order], starts, tokens, cap, cost.code, cost.q, max_cost)
+        counts, k, pos = affine_steps(lengths[order], starts, tokens, cap, cost.code, cost.kernel_q, max_cost)
         rest = order[np.concatenate([np.arange(pos[r], starts[r + 1]) for r in range(w)]).astype(np.int64)]
         if best is None or rest.size < best[-1].size:
             best = (cuts, holder, order, starts, counts[:k], rest)

@@ -168,7 +168,8 @@ def plan_bucketed(lengths: np.ndarray, max_batch_tokens: int, max_batch_size: in
     cost.check_range(lmax, tokens, cap, w)
     max_cost = INT64_MAX
     if max_step_cost is not None:
-        max_cost = int(min(np.floor(max_step_cost * cost.scale), INT64_MAX))
+        # in the cost's units (seconds for a step model, whose kernels count in plain's units)
+        max_cost = int(min(np.floor(max_step_cost / cost.seconds_per_unit * cost.scale), INT64_MAX))
         if max_cost < 1:
             raise ValueError(f"max_step_cost={max_step_cost} is below the cost of any batch ({cost}); raise it")
     key = plan_key(seed, epoch)
@@ -219,6 +220,6 @@ PLANNER = Planner(
         Option("cost", CostModel.quadratic(), resolve_cost, "the CostModel ranks are balanced under"),
         Option("max_step_cost", None, check_max_step_cost, "cap on every batch's cost (cost units), or None"),
     ),
-    costs=("quadratic", "linear", "quadratic_duration"),
+    costs=("quadratic", "linear", "quadratic_duration", "step"),
     summary="length buckets, each step's W batches laid out to cost the same (recommended for new runs)",
 )

@@ -1,0 +1,91 @@
+"""``streambatch calibrate``: time the user's training step and fit the step cost model planners use."""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import sys
+from typing import Any
+
+from .args import Formatter, positive_float, whole
+
+
+def load_step(spec: str):
+    """``FILE.py:FUNC`` -> the step function ``FUNC()`` returns: ``step(batch_size, length)``
+    runs one forward + backward + optimizer step on a batch of that shape."""
+    path, sep, name = spec.rpartition(":")
+    if not sep or not path.endswith(".py") or not name.isidentifier():
+        raise ValueError(f"--script takes FILE.py:FUNCTION (e.g. my_step.py:make_step), got {spec!r}")
+    if not os.path.isfile(path):
+        raise ValueError(f"--script {spec!r}: no such file {path!r}")
+    module_spec = importlib.util.spec_from_file_location("streambatch_user_step", path)
+    module = importlib.util.module_from_spec(module_spec)
+    sys.path.insert(0, os.path.dirname(os.path.abspath(path)))  # the script's own imports, as `python FILE` would
+    try:
+        module_spec.loader.exec_module(module)
+    finally:
+        sys.path.pop(0)
+    make = getattr(module, name, None)
+    if not callable(make):
+        raise ValueError(f"--script {spec!r}: {path} defines no function {name!r}")
+    step = make()
+    if not callable(step):
+        raise TypeError(f"--script {spec!r}: {name}() must return a function step(batch_size, length), "
+                        f"got {type(step).__name__}")
+    return step
+
+
+def run_calibrate(args: argparse.Namespace) -> int:
+    from ..core.cost import CostModel
+
+    step = load_step(args.script)
+    model = CostModel.fit(step, max_batch_tokens=args.max_batch_tokens, max_length=args.max_length,
+                          max_batch_size=args.max_batch_size, repeats=args.repeats, warmup=args.warmup,
+                          max_seconds=args.max_seconds, progress=sys.stderr.isatty())
+    report = model.fit_report
+    model.save(args.output, fit=report)
+    if args.json:
+        print(json.dumps({**model.to_dict(), "fit": report, "output": args.output}))
+        return 0
+    print(f"timed {report['shapes_timed']} of {report['shapes_designed']} shapes in {report['seconds']:.1f} s "
+          f"({report['repeats']} repeats each, medians)")
+    print(f"  {'batch':>6} {'length':>7} {'measured s':>11} {'predicted s':>12} {'error':>7}")
+    for r in report["shapes"]:
+        print(f"  {r['batch_size']:>6} {r['length']:>7} {r['measured_s']:>11.5f} {r['predicted_s']:>12.5f} "
+              f"{r['error_pct']:>+6.1f}%")
+    print(f"fit: {model}  (median |error| {report['median_abs_error_pct']:.1f}%, "
+          f"p90 {report['p90_abs_error_pct']:.1f}%)")
+    print(f"wrote {args.output}; plan with it: streambatch plan LENGTHS --planner bucketed -o cost={args.output} ...,"
+          f" or DynamicBatchSampler(..., planner='bucketed', cost={args.output!r})")
+    return 0
+
+
+def add_parser(sub: Any) -> None:
+    c = sub.add_parser("calibrate", formatter_class=Formatter, help="time your training step and fit its cost model",
+                       description=(
+        "Time one training step of your model (forward + backward + optimizer) on a designed set of\n"
+        "(batch size, length) shapes and fit  seconds = c0 + c1*B*L + c2*B*L^2  (non-negative least\n"
+        "squares on relative errors). The JSON it writes is a cost model the bucketed planner,\n"
+        "DynamicBatchSampler, StreamingBatches and `streambatch plan -o cost=FILE` accept.\n\n"
+        "The script defines a function returning step(batch_size, length), e.g.\n"
+        "  def make_step():\n"
+        "      model, opt = build()\n"
+        "      def step(b, L):\n"
+        "          x = torch.randn(b, L, 80); loss = model(x).mean(); loss.backward(); opt.step(); opt.zero_grad()\n"
+        "      return step\n\n"
+        "example:\n"
+        "  streambatch calibrate --script bench/model.py:make_step --max-batch-tokens 16000 --max-length 1500"))
+    c.add_argument("--script", required=True, metavar="FILE.py:FUNC", help="what builds your step function")
+    c.add_argument("--max-batch-tokens", type=whole(1), required=True, metavar="T", help="the budget you plan with")
+    c.add_argument("--max-length", type=whole(1), required=True, metavar="L",
+                   help="the longest length you train on (frames or tokens, the planner's units)")
+    c.add_argument("--max-batch-size", type=whole(1), metavar="B", help="a cap on samples per batch, if any")
+    c.add_argument("--repeats", type=whole(1), default=5, metavar="N", help="timed calls per shape (median)")
+    c.add_argument("--warmup", type=whole(0), default=2, metavar="N", help="untimed calls of the largest shape first")
+    c.add_argument("--max-seconds", type=positive_float, default=300.0, metavar="S",
+                   help="bound on the whole timing; shapes left then are dropped")
+    c.add_argument("-O", "--output", default="cost.json", metavar="FILE.json", help="where the fitted model goes")
+    c.add_argument("--json", action="store_true", help="print the fit as one JSON object")
+    c.set_defaults(run=("calibrate", "run_calibrate"))
