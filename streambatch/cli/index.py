@@ -133,7 +133,8 @@ def add_parser(sub: Any) -> None:
     ix.add_argument("--frames-per-second", "--fps", type=positive_float, metavar="FPS",
                     help="the value is seconds: length = ceil(seconds x this)")
     ix.add_argument("--index-dir", metavar="DIR", help="write sidecars here, a local directory or a URL (default: "
-                    "next to each shard, through fsspec for s3://, gs://, hf://; required for pipe: and plain http)")
+                    "next to each shard, through fsspec for s3://, gs://, az://; for http(s):// and hf:// shards, "
+                    "which take no uploads, $STREAMBATCH_INDEX_DIR or ~/.cache/streambatch/index; required for pipe:)")
     ix.add_argument("--workers", type=whole(1), metavar="N",
                     help="shards scanned at once (default: CPU count of processes; remote shards: 16 threads)")
     ix.add_argument("--force", action="store_true", help="re-index shards whose sidecar is current")
