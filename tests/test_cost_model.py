@@ -44,11 +44,11 @@ def test_step_models_balance_as_their_plain_equivalent():
 
 
 @pytest.mark.parametrize("seed", range(6))
-def test_bucketed_plans_under_a_step_model_are_its_plain_models_plans(seed):
+def test_bucketed_plans_under_a_step_model_without_c0_are_its_plain_models_plans(seed):
     rng = np.random.default_rng(seed)
     lengths = rng.lognormal(5.5, 0.6, 3000).astype(np.int64) + 1
-    c0, c1, c2 = rng.uniform(0, 0.1), 10 ** rng.uniform(-7, -5), 10 ** rng.uniform(-10, -8)
-    step = CostModel.step(c0, c1, c2)
+    c1, c2 = 10 ** rng.uniform(-7, -5), 10 ** rng.uniform(-10, -8)
+    step = CostModel.step(0.0, c1, c2)  # no per-step term: exactly the plain model's plans
     kw = dict(max_batch_size=64, world_size=int(rng.integers(1, 9)), seed=seed, planner="bucketed")
     a = make_plan(lengths, 16000, cost=step, **kw)
     b = make_plan(lengths, 16000, cost=step.plain, **kw)
@@ -240,3 +240,46 @@ def test_plan_reports_predicted_time_with_a_fitted_cost(tmp_path, capsys):
     longest = longest.reshape(-1, 4)[plan.step_order]
     assert t["epoch_seconds"] == pytest.approx(cost.epoch_time(cost.batch_cost(sizes, longest)))
     assert os.path.exists(tmp_path / "cost.json")
+
+
+def heavy_tailed(n=39000, seed=1):
+    """Broadcast-news-like lengths at 50 frames/s: median 6 s, a long tail to 181 s."""
+    rng = np.random.default_rng(seed)
+    return np.ceil(np.clip(rng.lognormal(np.log(6), 0.9, n), 0.5, 181) * 50).astype(np.int64)
+
+
+def step_table(plan, lengths):
+    sizes = np.diff(plan.offsets)
+    longest = np.zeros(sizes.size, dtype=np.int64)
+    full = np.flatnonzero(sizes > 0)
+    longest[full] = np.maximum.reduceat(lengths[plan.samples], plan.offsets[full])
+    w = plan.world_size
+    return sizes.reshape(-1, w)[plan.step_order], longest.reshape(-1, w)[plan.step_order]
+
+
+@pytest.mark.parametrize("world", [8, 64])
+def test_a_per_step_cost_stops_steps_the_budget_did_not_need(world):
+    """Under B*L^2 alone a step of one 30 s clip per rank costs what a full
+    step of them costs per clip, so the bucketed planner laid long clips out one
+    per rank: several times the steps. With a per-step cost it does not."""
+    lengths = heavy_tailed()
+    step = CostModel.step(0.05, 2e-6, 1e-9)
+    budget = 16000
+    kw = dict(max_batch_size=64, world_size=world, seed=0, planner="bucketed")
+    fitted = make_plan(lengths, budget, cost=step, **kw)
+    proxy = make_plan(lengths, budget, **kw)  # today's default cost, B*L^2
+    greedy = make_plan(lengths, budget, 64, world, seed=0)
+    for p in (fitted, proxy):  # exactly once, within budget (a lone sample may exceed it)
+        assert np.array_equal(np.sort(p.samples), np.arange(lengths.size))
+    sizes, longest = step_table(fitted, lengths)
+    assert ((sizes * longest <= budget) | (sizes == 1)).all()
+    # a clip shorter than a quarter of the budget's length alone in its batch: (almost) never
+    lone_short = int(((sizes == 1) & (longest < budget // 4)).sum())
+    assert lone_short <= max(8, sizes.size // 200), lone_short
+    p_sizes, p_longest = step_table(proxy, lengths)
+    assert int(((p_sizes == 1) & (p_longest < budget // 4)).sum()) > 10 * max(lone_short, 1)  # what it fixes
+    g_sizes, g_longest = step_table(greedy, lengths)
+    t = {name: step.epoch_time(step.batch_cost(*tab)) for name, tab in
+         (("fitted", (sizes, longest)), ("proxy", (p_sizes, p_longest)), ("greedy", (g_sizes, g_longest)))}
+    assert sizes.shape[0] <= g_sizes.shape[0] < p_sizes.shape[0]
+    assert t["fitted"] < 0.9 * t["proxy"] and t["fitted"] <= t["greedy"], t

@@ -35,14 +35,17 @@ _SPARSE = 0.9  # a descending step less balanced than this spans sparse long sam
 
 
 @njit(cache=True, no_cfunc_wrapper=True, error_model="numpy")
-def plan_steps(order, slen, w, max_tokens, max_size, ca, cb, max_cost, descending, finish, drop_last, shuffle,
-               key, first_step, out):
+def plan_steps(order, slen, w, max_tokens, max_size, ca, cb, max_cost, long_head, descending, finish, drop_last,
+               shuffle, key, first_step, out):
     """Lay bucket-sorted samples out as global steps of W batches.
 
     order, slen: (n,) sample indices and their lengths in bucket order,
     ascending or descending (the head reorders a few of them in place).
     max_tokens, max_size, max_cost >= 1 (int64 max for no cost cap). ca,
-    cb: the cost model's ``CostModel.coefficients``. key: uint64; step s of
+    cb: the cost model's ``CostModel.coefficients``. long_head: after an
+    outlier's head step, keep laying long samples out as head steps (False
+    for a model with a per-step cost: those steps hold one sample per rank,
+    so the same samples take several times the steps). key: uint64; step s of
     this call turns its batches by a rank offset drawn from (key,
     first_step + s) when shuffling. out: (>= n,) receives samples grouped by
     step, then rank.
@@ -166,7 +169,7 @@ def plan_steps(order, slen, w, max_tokens, max_size, ca, cb, max_cost, descendin
                 # time whatever the layout), or, after a head step, long
                 # samples (fewer than LONG fit the budget) while they last.
                 outlier = cheapest <= lone < top
-                if outlier or (in_head and max_tokens < LONG * np.int64(slen[p])):
+                if outlier or (long_head and in_head and max_tokens < LONG * np.int64(slen[p])):
                     k = _head_pool(slen, p, w, max_tokens, max_size, ca, cb, lone if lone < max_cost else max_cost,
                                    not outlier, pool_sizes, pool_costs)
                     if k > 0:

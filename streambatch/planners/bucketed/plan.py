@@ -188,7 +188,9 @@ def plan_bucketed(lengths: np.ndarray, max_batch_tokens: int, max_batch_size: in
     # Lay steps out from the short end up and from the long end down; the
     # tails of both (under two steps each) meet where lengths are densest
     # and are finished there together, so no runt step lands in a sparse tail.
-    args = (w, tokens, cap, *cost.coefficients, max_cost)
+    # A per-step cost (a measured step model's c0) makes needless steps cost time: no head steps of long
+    # samples one per rank after the outliers (under B*L^2 alone they cost the same as fuller steps).
+    args = (w, tokens, cap, *cost.coefficients, max_cost, cost.per_step <= 0)
     step_key = subkey(key, 3)
     low, k, n_low, stop_low = plan_steps(order[:m], slen[:m], *args, False, False, False, shuffle, step_key, 0, out)
     low = low[: k * w].reshape(k, w)
