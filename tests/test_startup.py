@@ -74,3 +74,19 @@ def test_import_loads_no_numba_and_no_kernel_module():
     for planner, (steps, fp, top) in out["plans"].items():
         plan = make_plan(lengths, 4000, 16, 2, planner=planner)
         assert [plan.num_steps, plan.fingerprint(), int(np.sort(plan.samples)[-1])] == [steps, fp, top]
+
+
+def test_warmup_compiles_every_kernel(capsys):
+    from streambatch.cli import main
+    from streambatch.cli.warmup import kernel_signatures
+
+    assert main(["warmup"]) == 0
+    assert capsys.readouterr().out.startswith("warmed ")
+    sigs = kernel_signatures()
+    # the kernels each planner, the mixer, the interleaver, hashing and the affinity walker call
+    for name in ("streambatch.planners.greedy.kernels.greedy_steps", "streambatch.planners.bucketed.kernels.plan_steps",
+                 "streambatch.planners.bucketed.sort.bucket_sort", "streambatch.core.shuffle.fisher_yates_range",
+                 "streambatch.core.hashing.hash_array", "streambatch.core.shuffle.feistel_range",
+                 "streambatch.planners.interleave.deficit_order",
+                 "streambatch.streaming.affinity_kernels.affine_steps"):
+        assert sigs.get(name, 0) >= 1, name

@@ -25,7 +25,7 @@ from .args import PROG, Formatter, Parser
 
 def build_parser() -> argparse.ArgumentParser:
     from ..planners import PLANNERS, SEED_EXACT
-    from . import bench, demo, index, plan
+    from . import bench, demo, index, plan, warmup
 
     planners = sorted(PLANNERS)
     p = Parser(prog=PROG, formatter_class=Formatter, description=(
@@ -33,13 +33,15 @@ def build_parser() -> argparse.ArgumentParser:
         "  streambatch demo                                   see the whole job on a generated corpus\n"
         "  streambatch plan LENGTHS --max-batch-tokens T      quality of a plan for your lengths\n"
         "  streambatch bench                                  planning speed at scale\n"
-        "  streambatch index 'shards-{000000..000099}.tar'    write sidecar indexes for streaming"))
+        "  streambatch index 'shards-{000000..000099}.tar'    write sidecar indexes for streaming\n"
+        "  streambatch warmup                                 compile every kernel into the Numba cache"))
     p.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     sub = p.add_subparsers(dest="command", metavar="COMMAND", required=True)
     demo.add_parser(sub, planners, recommended_planner(planners))
     plan.add_parser(sub, planners, SEED_EXACT)
     bench.add_parser(sub, planners)
     index.add_parser(sub)
+    warmup.add_parser(sub)
     return p
 
 
