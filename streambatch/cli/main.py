@@ -25,7 +25,7 @@ from .args import PROG, Formatter, Parser
 
 def build_parser() -> argparse.ArgumentParser:
     from ..planners import PLANNERS, SEED_EXACT
-    from . import bench, calibrate, demo, index, plan
+    from . import bench, calibrate, demo, index, plan, warmup
 
     planners = sorted(PLANNERS)
     p = Parser(prog=PROG, formatter_class=Formatter, description=(
@@ -34,7 +34,8 @@ def build_parser() -> argparse.ArgumentParser:
         "  streambatch plan LENGTHS --max-batch-tokens T      quality of a plan for your lengths\n"
         "  streambatch bench                                  planning speed at scale\n"
         "  streambatch index 'shards-{000000..000099}.tar'    write sidecar indexes for streaming\n"
-        "  streambatch calibrate --script my_step.py:make_step  fit the cost of your model's step"))
+        "  streambatch calibrate --script my_step.py:make_step  fit the cost of your model's step\n"
+        "  streambatch warmup                                 compile every kernel into the Numba cache"))
     p.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     sub = p.add_subparsers(dest="command", metavar="COMMAND", required=True)
     demo.add_parser(sub, planners, recommended_planner(planners))
@@ -42,6 +43,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_parser(sub, planners)
     index.add_parser(sub)
     calibrate.add_parser(sub)
+    warmup.add_parser(sub)
     return p
 
 

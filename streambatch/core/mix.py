@@ -36,7 +36,6 @@ from typing import Any
 
 import numpy as np
 
-from .shuffle import permutation_slice
 from .types import IntLike
 
 _U64 = 1 << 64
@@ -218,6 +217,8 @@ def cycle_slice(n: int, seed: int, source: int, cycle: int, lo: int, hi: int, sh
     ``0..n-1`` without shuffling. Costs O(hi - lo) time and memory."""
     if not shuffle:
         return np.arange(lo, hi, dtype=np.int64)
+    from .shuffle import permutation_slice  # lazy for start-up: no numba before the first plan
+
     return permutation_slice(n, cycle_key(seed, source, cycle), lo, hi)
 
 

@@ -7,8 +7,6 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .hashing import hash_array
-
 
 @dataclass(frozen=True, eq=False)
 class Plan:
@@ -53,6 +51,8 @@ class Plan:
 
     def fingerprint(self) -> int:
         """A 63-bit hash of the whole plan (same on every rank that planned alike)."""
+        from .hashing import hash_array  # lazy for start-up: no numba before the first plan
+
         h = np.uint64(self.world_size)
         h = hash_array(self.samples, h)
         h = hash_array(self.offsets, h)
@@ -135,6 +135,8 @@ def finish_last_step(samples: np.ndarray, counts: np.ndarray, n_used: int, drop_
 
 def config_fingerprint(lengths: np.ndarray, *values: int | str) -> int:
     """A 63-bit hash of the lengths and configuration values (ints, strings)."""
+    from .hashing import hash_array  # lazy for start-up: no numba before the first plan
+
     h = hash_array(lengths, np.uint64(len(values)))
     for v in values:
         if isinstance(v, str):

@@ -35,7 +35,6 @@ import numpy as np
 
 from ..core import state as S
 from ..core.plan import Plan, config_fingerprint
-from .interleave import interleave_steps
 
 _U64 = 1 << 64
 _SEGMENT_TAG = 0x656C6173  # "elas": keeps these seeds apart from window and mix seeds
@@ -181,6 +180,8 @@ def plan_segments(lengths: np.ndarray, plan_fn: PlanFn, world_size: int, segment
         # pool None: every sample (no copies of the lengths, no remapping)
         plan = plan_fn(lengths if pool is None else lengths[pool], world, seed, epoch)
         if labels is not None:
+            from .interleave import interleave_steps  # lazy for start-up: no numba before the first plan
+
             plan = interleave_steps(plan, labels if pool is None else labels[pool], num_sources)
         return plan if pool is None else remap(plan, pool)
 

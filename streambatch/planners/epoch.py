@@ -19,7 +19,6 @@ import numpy as np
 from ..core.mix import Mix
 from ..core.plan import Plan
 from .elastic import PlanFn, Segments, plan_segments, remap
-from .interleave import source_labels
 
 
 @dataclass(frozen=True)
@@ -65,6 +64,8 @@ def plan_epoch_steps(lengths: np.ndarray, plan_fn: PlanFn, world_size: int, seed
         allowed = np.zeros(lengths.shape[0], dtype=bool)
         allowed[keep] = True
         drawn = drawn[allowed[drawn]]
+    from .interleave import source_labels  # lazy for start-up: no numba before the first plan
+
     labels = source_labels(mix.source_of(drawn), mix.num_sources)
     plan, base = plan_segments(lengths[drawn], plan_fn, world_size, segments, seed, epoch,
                                labels=labels, num_sources=mix.num_sources)

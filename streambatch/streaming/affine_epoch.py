@@ -41,7 +41,6 @@ import numpy as np
 from ..core.plan import Plan
 from ..planners import plan_epoch
 from ..planners.elastic import Segments, remaining, truncate
-from ..planners.interleave import interleave_steps
 from .affinity import foreign_samples, plan_affine_window
 from .replan import WindowInput, piece_seed
 from .window import Window, WindowConfig, shard_order, window_bounds, window_seed
@@ -115,6 +114,8 @@ def plan_affine(next_input: Callable[[int], WindowInput | None], config: WindowC
         return segments[seg][0] if seg < len(segments) else config.world_size
 
     def mixed(plan: Plan, ids: np.ndarray) -> Plan:
+        from ..planners.interleave import interleave_steps  # lazy for start-up: no numba before the first plan
+
         return plan if source_of is None else interleave_steps(plan, source_of(ids), num_sources)
 
     while True:

@@ -64,7 +64,6 @@ from ..core.plan import Plan, assemble
 from ..planners import make_plan
 from ..planners.bucketed.plan import check_options
 from .affinity_holders import relax_to_holders, swap_to_holders, to_holders
-from .affinity_kernels import affine_steps
 
 _U64 = 1 << 64
 # A sample so long that a batch at its length holds at most POOL_BATCH samples
@@ -209,6 +208,8 @@ def plan_affine_window(carry_len: np.ndarray, carry_holder: np.ndarray, new_len:
         walker = np.where(pooled, w, holder)  # pooled samples sort after every rank's segment
         order = np.lexsort((tags, lengths, walker)).astype(np.int64)
         starts = np.searchsorted(walker[order], np.arange(w + 1)).astype(np.int64)
+        from .affinity_kernels import affine_steps  # lazy for start-up: no numba before the first plan
+
         counts, k, pos = affine_steps(lengths[order], starts, tokens, cap, cost.code, cost.kernel_q, max_cost)
         rest = order[np.concatenate([np.arange(pos[r], starts[r + 1]) for r in range(w)]).astype(np.int64)]
         if best is None or rest.size < best[-1].size:

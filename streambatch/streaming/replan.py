@@ -25,7 +25,6 @@ import numpy as np
 from ..core.validation import coerce_lengths
 from ..planners import plan_epoch
 from ..planners.elastic import Segments, remaining, truncate
-from ..planners.interleave import interleave_steps
 from .window import EpochSummary, Window, WindowConfig, outlier_limit, shard_order, window_bounds, window_seed
 
 _U64 = 1 << 64
@@ -134,6 +133,8 @@ def plan_windows(inputs: Iterator[WindowInput], config: WindowConfig, epoch: int
                           seed=piece_seed(config.seed, epoch, win.index, piece))
             plan = plan_epoch(lengths, cfg, 0)
             if source_of is not None:
+                from ..planners.interleave import interleave_steps  # lazy for start-up: no numba before the first plan
+
                 plan = interleave_steps(plan, source_of(ids), num_sources)
             if seg_end is None or step + plan.num_steps <= seg_end:
                 break

@@ -15,7 +15,6 @@ import numpy as np
 from torch.utils.data import Sampler
 
 from ..core.config import PlanConfig, check_epoch
-from ..core.hashing import hash_array
 from ..core.long_samples import check_max_length, too_long
 from ..core.mix import Mix, specs_from
 from ..core.plan import Plan, RankBatches, config_fingerprint
@@ -153,6 +152,8 @@ class DynamicBatchSampler(SamplerStateMixin, Sampler[list[int]]):
         """The state fingerprint a sampler like this one has at ``world_size``."""
         fp = dataclasses.replace(self.config, world_size=world_size).fingerprint(self.lengths)
         if self.max_length is not None:  # part of the configuration only when set: old states still load
+            from ..core.hashing import hash_array  # lazy for start-up: no numba before the first plan
+
             mark = np.array([self.max_length, self.long_samples == "raise"], dtype=np.int64)
             fp = int(hash_array(mark, np.uint64(fp))) >> 1
         if self.mix is not None:

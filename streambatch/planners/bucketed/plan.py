@@ -44,9 +44,7 @@ import numpy as np
 from ...core.cost import INT64_MAX, CostModel, resolve_cost
 from ...core.plan import Plan, assemble, finish_last_step
 from ..base import Option, Planner
-from ..greedy.mt19937 import seed_key
 from ..greedy.plan import index_dtype
-from .kernels import bucket_sort, plan_steps, step_permutation, table_size
 
 DEFAULT_BUCKET_WIDTH = 0.02
 MIN_BUCKET_WIDTH = 0.001  # keeps the bucket count (~ ln(max_len) / width) in the tens of thousands
@@ -79,6 +77,8 @@ def plan_key(seed: int, epoch: int) -> np.uint64:
     """The 64-bit key all of an epoch's randomness is drawn from."""
     # np.uint64, not a Python int (which Numba types as int64 or uint64 by
     # value): one compiled signature per kernel.
+    from ..greedy.mt19937 import seed_key  # lazy for start-up: no numba before the first plan
+
     h = _mix(_hash_words(seed_key(seed), _SALT), int(seed < 0))
     return np.uint64(_hash_words(seed_key(epoch), h))
 
@@ -155,6 +155,9 @@ def plan_bucketed(lengths: np.ndarray, max_batch_tokens: int, max_batch_size: in
     batches; with ``drop_last`` the tail that cannot complete a step is left
     out and returned as ``leftover``.
     """
+  # lazy for start-up: no numba before the first plan
+    from .kernels import bucket_sort, plan_steps, step_permutation, table_size
+
     width, cost, max_step_cost = check_options(options)
     n = lengths.shape[0]
     w = world_size

@@ -11,9 +11,6 @@ import numpy as np
 
 from ...core.plan import Plan, assemble, finish_last_step
 from ..base import Planner
-from .kernels import greedy_steps
-from .mt19937 import mt_new, seed_key, shuffle_slice
-from .order import sortish_order
 
 
 def seed_chunk_size(world_size: int, max_batch_size: int) -> int:
@@ -33,6 +30,11 @@ def plan_greedy(lengths: np.ndarray, max_batch_tokens: int, max_batch_size: int,
     lengths: (N,) int64 >= 0. Returns a Plan whose steps all have W non-empty
     batches.
     """
+  # lazy for start-up: no numba before the first plan
+    from .kernels import greedy_steps
+    from .mt19937 import mt_new, seed_key, shuffle_slice
+    from .order import sortish_order
+
     n = lengths.shape[0]
     w = world_size
     mt = mt_new(seed_key(seed + epoch))

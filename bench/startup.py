@@ -1,0 +1,151 @@
+"""Start-up cost (issue 23 items 1 and 2): import and first plan, in whole fresh processes.
+
+    python bench/startup.py                 # import pairs + cold/warm first plan per planner
+    python bench/startup.py --pairs 5 --n 100000 --importtime 12
+
+CPU seconds (user + sys of each child, from getrusage), medians of --pairs runs; the
+variants are interleaved within each pair so a busy machine loads them alike, and each
+import row is also given as its excess over the bare ``import torch`` of the same pairs.
+"Cold" is a fresh, empty NUMBA_CACHE_DIR (every kernel compiles); "warm" the same folder
+on a second process; "after warmup" a fresh folder filled by ``streambatch warmup`` first.
+The first plan is split into compile-and-load (first plan minus a second identical plan
+in the same process) and run (the second plan).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+
+HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+IMPORTS = {
+    "bare python": "pass",
+    "import torch": "import torch",
+    "import torch, streambatch": "import torch, streambatch",
+    "from streambatch import DynamicBatchSampler": "import torch; from streambatch import DynamicBatchSampler",
+    "from streambatch import DynamicBatchSampler, StreamingBatches":
+        "import torch; from streambatch import DynamicBatchSampler, StreamingBatches",
+}
+
+_PLAN = r"""
+import json, sys, time
+import numpy as np
+from streambatch import make_plan
+from streambatch.cli.benchmark import audio_lengths
+lengths = audio_lengths(int(sys.argv[2]))
+c0 = time.process_time()
+a = make_plan(lengths, 16000, 64, 8, planner=sys.argv[1])
+c1 = time.process_time()
+b = make_plan(lengths, 16000, 64, 8, planner=sys.argv[1])
+c2 = time.process_time()
+assert a.fingerprint() == b.fingerprint()
+print(json.dumps({"first": c1 - c0, "second": c2 - c1, "fingerprint": a.fingerprint()}))
+"""
+
+
+def child_cpu(args: list[str], env: dict | None = None, root: str = HERE) -> tuple[float, str]:
+    """(CPU seconds of the child, its stdout); ``root`` is the checkout it imports."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    out = subprocess.run([sys.executable, *args], check=True, capture_output=True, text=True,
+                         env=dict(os.environ, PYTHONPATH=root, **(env or {})), cwd=root)
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime), out.stdout
+
+
+def import_table(pairs: int, old: str | None) -> None:
+    sides = [("", HERE)] + ([(" (old)", os.path.abspath(old))] if old else [])
+    times: dict[str, list[float]] = {}
+    for _ in range(pairs):
+        for name, code in IMPORTS.items():
+            for tag, root in sides:
+                if tag and "streambatch" not in name:
+                    continue
+                times.setdefault(name + tag, []).append(child_cpu(["-c", code], root=root)[0])
+    torch = statistics.median(times["import torch"])
+    print(f"### Import (whole processes, CPU s, median of {pairs})\n")
+    print("| process | CPU s | beyond `import torch` | runs |")
+    print("|---|---|---|---|")
+    for name, ts in times.items():
+        m = statistics.median(ts)
+        extra = f"{m - torch:+.2f}" if "streambatch" in name else "-"
+        label = name.replace(" (old)", "")
+        label = f"`{label}`" + (" (old)" if label != name else "")
+        print(f"| {label} | {m:.2f} | {extra} | {', '.join(f'{t:.2f}' for t in ts)} |")
+    print()
+
+
+def importtime(top: int) -> None:
+    code = "import torch; from streambatch import DynamicBatchSampler, StreamingBatches"
+    err = subprocess.run([sys.executable, "-X", "importtime", "-c", code], capture_output=True, text=True,
+                         env=dict(os.environ, PYTHONPATH=HERE), cwd=HERE).stderr
+    rows = []
+    for line in err.splitlines():
+        m = re.match(r"import time:\s+(\d+) \|\s+(\d+) \|(\s*)(\S+)", line)
+        if m and (m.group(4).startswith("streambatch") or m.group(4) in ("numba", "torch", "webdataset")):
+            rows.append((int(m.group(2)), int(m.group(1)), m.group(4)))
+    rows.sort(reverse=True)
+    print(f"### `-X importtime` after `import torch` (top {top}: streambatch modules, numba, torch; wall µs)\n")
+    print("| module | cumulative µs | self µs |")
+    print("|---|---|---|")
+    for cum, own, name in rows[:top]:
+        print(f"| {name} | {cum:,} | {own:,} |")
+    print(f"\nnumba imported: {'yes' if any(r[2] == 'numba' for r in rows) else 'no'}\n")
+
+
+def plan_table(pairs: int, n: int, planners: list[str]) -> None:
+    print(f"### First plan, {n:,} samples, W=8 (fresh processes, CPU s, median of {pairs})\n")
+    print("| planner | cache | whole process | first plan | of which compile+load | run (second plan) |")
+    print("|---|---|---|---|---|---|")
+    with tempfile.TemporaryDirectory() as tmp:
+        for planner in planners:
+            rows: dict[str, list[tuple[float, float, float]]] = {"cold": [], "warm": [], "after warmup": []}
+            for i in range(pairs):
+                cache = os.path.join(tmp, f"{planner}-{i}")
+                for kind in ("cold", "warm"):
+                    whole, out = child_cpu(["-c", _PLAN, planner, str(n)], {"NUMBA_CACHE_DIR": cache})
+                    r = json.loads(out.strip().splitlines()[-1])
+                    rows[kind].append((whole, r["first"], r["second"]))
+                warmed = os.path.join(tmp, f"{planner}-w{i}")
+                whole_w, _ = child_cpu(["-m", "streambatch.cli", "warmup"], {"NUMBA_CACHE_DIR": warmed})
+                whole, out = child_cpu(["-c", _PLAN, planner, str(n)], {"NUMBA_CACHE_DIR": warmed})
+                r = json.loads(out.strip().splitlines()[-1])
+                rows["after warmup"].append((whole, r["first"], r["second"]))
+                rows.setdefault("warmup itself", []).append((whole_w, float("nan"), float("nan")))
+            for kind, rs in rows.items():
+                whole, first, second = (statistics.median(x) for x in zip(*rs))
+                if kind == "warmup itself":
+                    print(f"| {planner} | `streambatch warmup` (all kernels) | {whole:.2f} | - | - | - |")
+                    continue
+                print(f"| {planner} | {kind} | {whole:.2f} | {first:.2f} | {first - second:.2f} | {second:.2f} |",
+                      flush=True)
+    print()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--pairs", type=int, default=3)
+    ap.add_argument("--n", type=int, default=100_000)
+    ap.add_argument("--importtime", type=int, default=10, help="rows of the -X importtime table")
+    ap.add_argument("--planners", nargs="*", default=["greedy", "bucketed"])
+    ap.add_argument("--old", help="another checkout (e.g. `git archive` of an older commit) for the import rows")
+    ap.add_argument("--skip", nargs="*", default=[], choices=["import", "importtime", "plan"])
+    a = ap.parse_args()
+    print(f"python {sys.version.split()[0]}, {os.cpu_count()} CPUs, load {os.getloadavg()[0]:.1f}\n")
+    if "import" not in a.skip:
+        import_table(a.pairs, a.old)
+    if "importtime" not in a.skip:
+        importtime(a.importtime)
+    if "plan" not in a.skip:
+        plan_table(a.pairs, a.n, a.planners)
+
+
+if __name__ == "__main__":
+    main()
