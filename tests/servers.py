@@ -470,23 +470,24 @@ class FaultProxy:
                 at = conn.hang_at
                 if at is not None and conn.down + len(data) >= at:
                     part = data[: max(0, at - conn.down)]
+                    self._count(conn, len(part))
                     if part:
                         conn.client.sendall(part)
-                    self._count(conn, len(part))
                     conn.gone.wait()  # silent, connection open, until the client or the proxy closes it
                     return
                 at = conn.reset_at
                 if at is not None and conn.down + len(data) >= at:
                     part = data[: max(0, at - conn.down)]
+                    self._count(conn, len(part))
                     if part:
                         conn.client.sendall(part)
-                    self._count(conn, len(part))
                     if self.stall:
                         time.sleep(self.stall)  # a silent server first: the client's read timeout fires
                     conn.close(reset=True)
                     return
-                conn.client.sendall(data)
+                # counted before it is sent: a client that has read the last byte then sees it counted
                 self._count(conn, len(data))
+                conn.client.sendall(data)
         except OSError:
             pass
         finally:
