@@ -9,8 +9,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from streambatch.core.cost import CostModel
-from streambatch.streaming.affinity import foreign_samples, plan_affine_window
-from streambatch.streaming.affinity_holders import relax_to_holders, swap_to_holders, to_holders
+from streambatch.streaming.epoch.affinity.holders import relax_to_holders, swap_to_holders, to_holders
+from streambatch.streaming.epoch.affinity.plan import foreign_samples, plan_affine_window
 
 from helpers import examples
 

@@ -17,8 +17,8 @@ import soundfile
 import webdataset as wds
 
 from streambatch.streaming import StreamingBatches, collate_audio, decode_audio, index_shards
-from streambatch.streaming.audio import AUDIO_FORMATS, audio_info, wav_info
-from streambatch.streaming.lengths import length_spec
+from streambatch.streaming.formats.audio import AUDIO_FORMATS, audio_info, wav_info
+from streambatch.streaming.shards.lengths import length_spec
 
 RATE = 16000
 # (subtype, channels) of every block-coded WAV libsndfile writes (GSM, G.721 and NMS: mono only)

@@ -16,7 +16,7 @@ import pytest
 from torch.utils.data import DataLoader
 
 from streambatch.streaming import StreamingBatches, index_shards
-from streambatch.streaming.cache import ShardCache, ShardRef
+from streambatch.streaming.io.cache import ShardCache, ShardRef
 
 from shards import FPS, write_corpus
 

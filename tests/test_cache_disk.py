@@ -20,9 +20,9 @@ import pytest
 from torch.utils.data import DataLoader
 
 from streambatch.streaming import ShardError, StreamingBatches, index_shards
-from streambatch.streaming.cache import ShardCache, ShardRef
 from streambatch.streaming.errors import CacheError
-from streambatch.streaming.remote import RetryPolicy, is_transient
+from streambatch.streaming.io.cache import ShardCache, ShardRef
+from streambatch.streaming.io.remote import RetryPolicy, is_transient
 
 from shards import FPS, write_corpus
 
@@ -120,7 +120,7 @@ def test_cache_dir_broken_after_construction_raises_instead_of_skipping(corpus, 
 def test_little_room_for_the_estimated_bound_warns_but_works(tmp_path, caplog):
     from types import SimpleNamespace
 
-    from streambatch.streaming.remote_io import cache_estimate, check_cache_dir
+    from streambatch.streaming.io.remote_io import cache_estimate, check_cache_dir
 
     # 8 remote shards of 1 MB, 800 samples; windows of 200: 2 MB a window
     catalog = SimpleNamespace(urls=[f"s3://b/{i}.tar" for i in range(8)] + ["/local.tar"],

@@ -1,4 +1,4 @@
-"""A catalog's entries are data, never commands (``streaming/catalog_trust.py``):
+"""A catalog's entries are data, never commands (``streaming/shards/catalog_trust.py``):
 ``pipe:`` entries refused unless trusted, a remote catalog limited to its own
 storage, relative entries resolved against the catalog's location, version 1
 catalogs still loading. Local catalogs here; the same served by nginx in
@@ -13,9 +13,9 @@ import numpy as np
 import pytest
 
 from streambatch.streaming import StreamingBatches, index_shards, open_catalog
-from streambatch.streaming.catalog_file import _text, catalog_arrays, read_catalog, write_catalog
-from streambatch.streaming.catalog_trust import UntrustedCatalogError, check_trust, refusal, resolve
-from streambatch.streaming.remote_index import load_npz
+from streambatch.streaming.io.ranged import load_npz
+from streambatch.streaming.shards.catalog_file import _text, catalog_arrays, read_catalog, write_catalog
+from streambatch.streaming.shards.catalog_trust import UntrustedCatalogError, check_trust, refusal, resolve
 
 from shards import FPS, write_corpus
 

@@ -14,8 +14,8 @@ import traceback
 import pytest
 
 from streambatch.streaming import ShardError, StreamingBatches, index_shards
-from streambatch.streaming.catalog_trust import UntrustedCatalogError
-from streambatch.streaming.remote import RetryPolicy
+from streambatch.streaming.io.remote import RetryPolicy
+from streambatch.streaming.shards.catalog_trust import UntrustedCatalogError
 
 from servers import nginx_server
 from shards import FPS, write_corpus

@@ -221,7 +221,7 @@ def test_shard_inputs_are_recognised(tmp_path, shards):
 
 def test_bench_helpers_in_process(capsys):
     from streambatch.cli.bench import Progress, sweep
-    from streambatch.cli.benchmark import peak_growth
+    from streambatch.cli.timing import peak_growth
 
     rows = sweep([1500, 500], [3], ["greedy"], 1)
     assert [(r["n"], r["world_size"]) for r in rows] == [(500, 3), (1500, 3)]

@@ -14,8 +14,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from streambatch.streaming import StreamingBatches, index_shards
-from streambatch.streaming.affine_epoch import affine_windows
-from streambatch.streaming.window import WindowConfig
+from streambatch.streaming.epoch.shard_mode import affine_windows
+from streambatch.streaming.epoch.windows import WindowConfig
 
 from helpers import check_resizes, examples
 from shards import FPS, write_corpus
@@ -70,7 +70,7 @@ def test_shard_segments_train_every_sample_once(counts, history, world, drop_las
 
 
 def test_no_segments_is_iter_windows():
-    from streambatch.streaming.window import iter_windows
+    from streambatch.streaming.epoch.windows import iter_windows
 
     rng = np.random.default_rng(4)
     counts = rng.integers(10, 40, 20)

@@ -1,4 +1,4 @@
-"""The cross-rank failure channel (streaming/failures.py), without a process
+"""The cross-rank failure channel (streaming/runtime/failures.py), without a process
 group: two simulated ranks' datasets share a TCPStore started in this process;
 rank 1 cannot decode the samples of a shard that it alone reads (shard mode)."""
 
@@ -13,7 +13,7 @@ from torch.distributed import TCPStore
 from torch.utils.data import DataLoader
 
 from streambatch.streaming import ShardError, StreamingBatches, index_shards
-from streambatch.streaming.failures import FailureChannel, open_channel
+from streambatch.streaming.runtime.failures import FailureChannel, open_channel
 
 from shards import FPS, write_corpus
 

@@ -19,7 +19,7 @@ from streambatch.cli.outliers import find_outliers
 from streambatch.cli.plan import resolve_max_length
 from streambatch.cli.report import epoch_time_bound, plan_batches, quality
 from streambatch.planners.bucketed.kernels import head_step, sparse_layout, time_rate
-from streambatch.streaming.window import WindowConfig, iter_windows, summarize
+from streambatch.streaming.epoch.windows import WindowConfig, iter_windows, summarize
 
 from helpers import examples
 

@@ -95,7 +95,7 @@ def corpus(tmp_path_factory):
         shutil.copyfile(p, q)
         copies.append(str(q))
     from streambatch.streaming import sidecar_path
-    from streambatch.streaming.sidecar import read_arrays
+    from streambatch.streaming.shards.sidecar import read_arrays
 
     (offsets,) = read_arrays(sidecar_path(paths[1]), ("offsets",))
     with open(copies[1], "r+b") as f:  # shard 1 is indexed by rank 1 (shard i goes to rank i % 2)

@@ -20,8 +20,8 @@ import pytest
 import webdataset as wds
 
 from streambatch.streaming import ShardError, StreamingBatches, index_shards, sidecar_path
-from streambatch.streaming.reader import LocalReader
-from streambatch.streaming.sidecar import read_arrays, read_meta
+from streambatch.streaming.io.reader import LocalReader
+from streambatch.streaming.shards.sidecar import read_arrays, read_meta
 
 from shards import FPS, audio_bytes, write_corpus
 
@@ -363,7 +363,7 @@ def test_corrupt_sidecar_lengths_or_meta_name_the_sidecar(corpus, tmp_path, name
 ])
 def test_corrupt_sidecar_tables_are_shard_errors_or_skipped(corpus, tmp_path, name, edit, words):
     def resigned(a, m):  # the digest recomputed, so only the validation can catch it
-        from streambatch.streaming.sidecar import _digest
+        from streambatch.streaming.shards.sidecar import _digest
 
         edit(a, m)
         with contextlib.suppress(Exception):

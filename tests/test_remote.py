@@ -14,8 +14,8 @@ import pytest
 from torch.utils.data import DataLoader
 
 from streambatch.streaming import ShardError, StreamingBatches, index_shards
-from streambatch.streaming.cache import ShardCache, ShardRef, run_dir, sweep_dead_runs
-from streambatch.streaming.remote import (
+from streambatch.streaming.io.cache import ShardCache, ShardRef, run_dir, sweep_dead_runs
+from streambatch.streaming.io.remote import (
     HTTPStatusError,
     RemoteShard,
     RetryPolicy,
@@ -28,8 +28,8 @@ from streambatch.streaming.remote import (
     scrub_options,
     scrub_url,
 )
-from streambatch.streaming.remote_io import lookahead
-from streambatch.streaming.remote_reader import worker_steps
+from streambatch.streaming.io.remote_io import lookahead
+from streambatch.streaming.io.remote_reader import worker_steps
 
 from shards import FPS, write_corpus
 
@@ -196,8 +196,8 @@ def test_pipe_shard_failure_raises_or_skips_with_equal_steps(corpus, tmp_path):
 
 
 def test_parts_merge_into_the_catalog_and_reruns_skip_current_sidecars(tmp_path):
-    from streambatch.streaming.catalog_file import read_catalog
-    from streambatch.streaming.indexer import merge_catalog
+    from streambatch.streaming.shards.catalog_file import read_catalog
+    from streambatch.streaming.shards.indexer import merge_catalog
 
     brace, paths, expected = write_corpus(tmp_path / "d", SIZES, seed=9)
     one = str(tmp_path / "one.catalog.npz")
@@ -245,7 +245,7 @@ def test_index_split_and_merged_under_torchrun(tmp_path):
     import subprocess
     import sys
 
-    from streambatch.streaming.catalog_file import read_catalog
+    from streambatch.streaming.shards.catalog_file import read_catalog
 
     from helpers import free_port
 

@@ -24,9 +24,9 @@ import pytest
 from launch_remote import BUDGET, CAP, WINDOW
 
 from streambatch.streaming import ShardError, StreamingBatches, index_shards
-from streambatch.streaming.catalog_file import read_catalog
-from streambatch.streaming.remote import RemoteShard, RetryPolicy
-from streambatch.streaming.sidecar import read_arrays, sidecar_path
+from streambatch.streaming.io.remote import RemoteShard, RetryPolicy
+from streambatch.streaming.shards.catalog_file import read_catalog
+from streambatch.streaming.shards.sidecar import read_arrays, sidecar_path
 
 from servers import HOST, FaultProxy, nginx_server, s3_server
 from shards import FPS, write_corpus

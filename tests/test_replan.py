@@ -12,9 +12,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from streambatch.streaming import StreamingBatches, index_shards
-from streambatch.streaming.replan import plain_inputs, plan_windows
-from streambatch.streaming.sources import Source
-from streambatch.streaming.window import WindowConfig
+from streambatch.streaming.epoch.sample_mode import plain_inputs, plan_windows
+from streambatch.streaming.epoch.windows import WindowConfig
+from streambatch.streaming.shards.sources import Source
 
 from helpers import check_resizes, examples
 from shards import FPS, write_corpus

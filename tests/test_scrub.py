@@ -28,8 +28,8 @@ from torch.distributed import TCPStore
 import streambatch
 from streambatch.core.redact import ScrubFilter, scrub, scrub_exception, scrub_options, scrub_url
 from streambatch.streaming import CacheError, ShardError, StreamingBatches, index_shards
-from streambatch.streaming.catalog import Catalog
-from streambatch.streaming.failures import FailureChannel
+from streambatch.streaming.runtime.failures import FailureChannel
+from streambatch.streaming.shards.catalog import Catalog
 
 from shards import FPS, write_corpus
 
@@ -97,7 +97,7 @@ def test_scrub_options_and_exception_chain():
 
 
 def test_every_streambatch_logger_scrubs(caplog):
-    for module in ("dataset", "dataset_reading", "failures", "remote", "cache"):
+    for module in ("dataset", "pipeline.reading", "runtime.failures", "io.remote", "io.cache"):
         __import__(f"streambatch.streaming.{module}")
     __import__("streambatch.torch_glue.sampler")
     loggers = [logging.getLogger(n) for n in logging.root.manager.loggerDict if n.startswith("streambatch")]
@@ -154,7 +154,7 @@ def _unscrubbed_urls(arg: ast.AST) -> list[str]:
 
 def _shard_error_classes() -> set[str]:
     """Names of the exception classes that scrub their own message: ShardError, CacheError and subclasses."""
-    import streambatch.streaming.failures  # noqa: F401  (ForeignFailure)
+    import streambatch.streaming.runtime.failures  # noqa: F401  (ForeignFailure)
 
     found, todo = set(), [ShardError, CacheError]
     while todo:

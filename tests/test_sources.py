@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from streambatch.streaming import StreamingBatches, index_shards
-from streambatch.streaming.sources import Source
+from streambatch.streaming.shards.sources import Source
 
 from roundtrip import check_state_roundtrip
 from shards import FPS, write_corpus
@@ -71,7 +71,7 @@ def test_quotas_cycles_and_determinism(corpora):
 
 
 def test_windows_hold_the_sources_in_proportion(corpora):
-    from streambatch.streaming.sources import mixed_inputs, source_of_shards
+    from streambatch.streaming.shards.sources import mixed_inputs, source_of_shards
 
     ds = make(corpora, window_samples=30)
     sc = ds.sources

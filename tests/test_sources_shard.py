@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from streambatch.streaming import StreamingBatches, index_shards
-from streambatch.streaming.sources import Source, source_of_shards
+from streambatch.streaming.shards.sources import Source, source_of_shards
 
 from roundtrip import check_state_roundtrip
 from shards import FPS, write_corpus
@@ -114,7 +114,7 @@ def test_each_rank_trains_what_it_read(corpora):
 
 
 def test_group_cuts_large_weights():
-    from streambatch.streaming.affinity import group_cuts, water_levels
+    from streambatch.streaming.epoch.affinity.plan import group_cuts, water_levels
 
     rng = np.random.default_rng(0)
     weights = rng.integers(10**9, 4 * 10**9, 80_000)  # level x group weight overflows int64

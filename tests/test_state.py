@@ -15,8 +15,8 @@ from streambatch.core import state as S
 from streambatch.core.config import PlanConfig
 from streambatch.core.plan import config_fingerprint
 from streambatch.streaming import StreamingBatches, index_shards, sidecar_path
-from streambatch.streaming.sidecar import read_arrays
-from streambatch.streaming.window import WindowConfig
+from streambatch.streaming.epoch.windows import WindowConfig
+from streambatch.streaming.shards.sidecar import read_arrays
 
 from helpers import Echo, lognormal_lengths
 from roundtrip import check_state_roundtrip
@@ -116,7 +116,7 @@ def test_version1_sampler_state_still_loads():
 
 
 def test_version1_streaming_state_still_loads(corpus):
-    from streambatch.streaming.position import legacy_fingerprint
+    from streambatch.streaming.runtime.counters import legacy_fingerprint
 
     ds = make(corpus, rank=1, world_size=2)
     ds.set_epoch(1)

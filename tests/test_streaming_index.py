@@ -13,10 +13,10 @@ import pytest
 import soundfile
 
 from streambatch.streaming import ShardError, StreamingBatches, index_shards, length_spec, sidecar_path
-from streambatch.streaming.audio import audio_info, flac_info, wav_info
-from streambatch.streaming.reader import LocalReader, expand_urls
-from streambatch.streaming.sidecar import read_arrays, read_meta, shard_stat, write_sidecar
-from streambatch.streaming.tar import parse_sample
+from streambatch.streaming.formats.audio import audio_info, flac_info, wav_info
+from streambatch.streaming.formats.tar import parse_sample
+from streambatch.streaming.io.reader import LocalReader, expand_urls
+from streambatch.streaming.shards.sidecar import read_arrays, read_meta, shard_stat, write_sidecar
 
 from shards import FPS, SAMPLE_RATE, audio_bytes, wds_samples, write_corpus, write_with_shardwriter
 
@@ -243,6 +243,6 @@ def test_demo_corpus_is_reproducible_and_streams(tmp_path):
 
 
 def _umask():
-    from streambatch.streaming.sidecar import _umask as u
+    from streambatch.streaming.shards.sidecar import _umask as u
 
     return u()

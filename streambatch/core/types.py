@@ -17,7 +17,7 @@ import numpy as np
 if TYPE_CHECKING:
     import torch
 
-    from ..streaming.lengths import LengthSpec
+    from ..streaming.shards.lengths import LengthSpec
 
 # An integer: a Python int or a numpy integer scalar (bool is refused).
 IntLike: TypeAlias = int | np.integer
