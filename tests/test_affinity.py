@@ -14,7 +14,8 @@ from hypothesis import strategies as st
 from streambatch.streaming import StreamingBatches, index_shards
 from streambatch.streaming.epoch.affinity.kernels import affine_steps
 from streambatch.streaming.epoch.affinity.plan import cut_points, plan_affine_window, water_levels
-from streambatch.streaming.epoch.windows import WindowConfig, iter_windows, summarize
+from streambatch.streaming.epoch.modes import iter_windows, summarize
+from streambatch.streaming.epoch.windows import WindowConfig
 
 from helpers import examples
 from shards import FPS, write_corpus

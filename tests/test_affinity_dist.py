@@ -10,7 +10,7 @@ import pytest
 import torch.multiprocessing as mp
 
 from streambatch.streaming import StreamingBatches, index_shards
-from streambatch.streaming.epoch.windows import iter_windows
+from streambatch.streaming.epoch.modes import iter_windows
 
 from helpers import free_port
 from shards import FPS, write_corpus

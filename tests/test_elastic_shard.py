@@ -70,7 +70,7 @@ def test_shard_segments_train_every_sample_once(counts, history, world, drop_las
 
 
 def test_no_segments_is_iter_windows():
-    from streambatch.streaming.epoch.windows import iter_windows
+    from streambatch.streaming.epoch.modes import iter_windows
 
     rng = np.random.default_rng(4)
     counts = rng.integers(10, 40, 20)

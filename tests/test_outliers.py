@@ -19,7 +19,8 @@ from streambatch.cli.outliers import find_outliers
 from streambatch.cli.plan import resolve_max_length
 from streambatch.cli.report import epoch_time_bound, plan_batches, quality
 from streambatch.planners.bucketed.kernels import head_step, sparse_layout, time_rate
-from streambatch.streaming.epoch.windows import WindowConfig, iter_windows, summarize
+from streambatch.streaming.epoch.modes import iter_windows, summarize
+from streambatch.streaming.epoch.windows import WindowConfig
 
 from helpers import examples
 

@@ -99,7 +99,8 @@ def test_window_bounds():
 def test_balance_efficiency_on_audio_like_lengths():
     """Lengths-only planning over 100 shards of log-normal 0.5-30 s utterances
     at 50 frames/s, with the default window."""
-    from streambatch.streaming.epoch.windows import WindowConfig, iter_windows
+    from streambatch.streaming.epoch.modes import iter_windows
+    from streambatch.streaming.epoch.windows import WindowConfig
 
     rng = np.random.default_rng(0)
     counts = np.full(100, 500, dtype=np.int64)

@@ -102,6 +102,12 @@ class CostModel:
             raise ValueError(f"max_step_cost={max_step_cost} is below the cost of any batch ({self}); raise it")
         return cap
 
+    def budget(self, max_len: int, max_tokens: int, max_size: int, world_size: int) -> int:
+        """The token budget a planner works with, checked: ``clamp_budget`` then ``check_range``."""
+        tokens = clamp_budget(max_tokens, max_size, max_len)
+        self.check_range(max_len, tokens, max_size, world_size)
+        return tokens
+
     def check_range(self, max_len: int, max_tokens: int, max_size: int, world_size: int) -> None:
         """Refuse lengths whose scaled costs summed over a step could overflow int64."""
         # A feasible batch holds <= min(budget, size cap * L) tokens, and a lone sample may exceed the budget.
@@ -117,6 +123,14 @@ class CostModel:
 
     def __str__(self) -> str:
         return {"linear": "B*L", "quadratic": "B*L^2", "quadratic_duration": f"B*(L+L^2/{self.q})"}[self.kind]
+
+
+def clamp_budget(max_batch_tokens: int, max_batch_size: int, max_len: int) -> int:
+    """The budget clamped to what a batch can hold: ``max_batch_size`` samples of
+    at most ``max_len`` (read as 1 when every length is 0) tokens, + 1. A larger
+    budget never binds; the clamp keeps kernel arithmetic small. The one copy of
+    this rule (make_plan, the bucketed, greedy and shard-affine planners)."""
+    return min(max_batch_tokens, max_batch_size * max(max_len, 1) + 1)
 
 
 def resolve_cost(cost: str | CostModel | None) -> CostModel:

@@ -24,9 +24,9 @@ from ..planners.elastic import Segments
 from ..torch_glue.distributed import agree, guess_world, is_distributed, resolve_world, will_check
 from ..torch_glue.elastic import SharedSegments
 from ..torch_glue.guard import check_not_prepared
-from .epoch.sample_mode import plain_inputs, plan_windows, summarize_windows
-from .epoch.shard_mode import affine_windows, plan_affine
-from .epoch.windows import EpochSummary, Window, WindowConfig, default_window, iter_windows, summarize
+from .epoch.modes import READ_MODES, summarize
+from .epoch.sample_mode import summarize_windows
+from .epoch.windows import EpochSummary, Window, WindowConfig, default_window
 from .formats.audio import decode_audio
 from .io.remote import RetryPolicy, as_policy
 from .io.remote_io import RemoteIO, check_identity
@@ -253,23 +253,18 @@ class StreamingBatches(StateMixin, ReadingMixin, IterableDataset):
 
     def _windows(self, epoch: int, segments: Segments = ()) -> Iterator[Window]:
         """The epoch's planned windows, at this world size after ``segments``."""
+        mode = READ_MODES[self.config.read_mode]
         if self.sources is None and not segments:
-            return iter_windows(self.catalog.counts, self.catalog.lengths, self.config, epoch)
-        if self.sources is None and self.config.read_mode == "shard":
-            return affine_windows(self.catalog.counts, self.catalog.lengths, self.config, epoch, segments,
-                                  lambda w: self.config_at(w).window_samples)
+            return mode.plain(self.catalog.counts, self.catalog.lengths, self.config, epoch)
         if self.sources is None:
-            return plan_windows(plain_inputs(self.catalog.counts, self.catalog.lengths, self.config, epoch),
-                                self.config, epoch, segments)
+            return mode.plain(self.catalog.counts, self.catalog.lengths, self.config, epoch, segments,
+                              lambda w: self.config_at(w).window_samples)
         sc = self.sources
         c = self.config
         # a mix's windows (J = samples // window_samples) keep the epoch's first world's size across resizes
         window = self.config_at(segments[0][0]).window_samples if segments else c.window_samples
         inputs = mixed_inputs(sc, window, c.seed, epoch, c.shuffle)
-        if c.read_mode == "shard":
-            return plan_affine(lambda _w: next(inputs, None), c, epoch, segments,
-                               lambda ids: source_of_shards(sc, ids), sc.mix.num_sources)
-        return plan_windows(inputs, c, epoch, segments, lambda ids: source_of_shards(sc, ids), sc.mix.num_sources)
+        return mode.mixed(inputs, c, epoch, segments, lambda ids: source_of_shards(sc, ids), sc.mix.num_sources)
 
     # ------------------------------------------------------------ epochs
 

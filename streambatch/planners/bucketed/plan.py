@@ -164,8 +164,7 @@ def plan_bucketed(lengths: np.ndarray, max_batch_tokens: int, max_batch_size: in
         return assemble(empty, np.zeros((0, w), dtype=np.int64), np.zeros(0, dtype=np.int64), w)
     lmax = int(lengths.max())
     cap = min(max_batch_size, n)
-    tokens = min(max_batch_tokens, cap * max(lmax, 1) + 1)
-    cost.check_range(lmax, tokens, cap, w)
+    tokens = cost.budget(lmax, max_batch_tokens, cap, w)
     max_cost = INT64_MAX
     if max_step_cost is not None:
         max_cost = int(min(np.floor(max_step_cost * cost.scale), INT64_MAX))

@@ -28,7 +28,7 @@ every DataLoader worker computes the same windows without talking.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -215,45 +215,3 @@ def outlier_limit(lengths: np.ndarray, max_batch_tokens: int, max_batch_size: in
     med = max(1, int(np.partition(lengths, lengths.size // 2)[lengths.size // 2]))
     full = max(1, min(max_batch_size, max_batch_tokens // med)) * med * med
     return int(np.sqrt(full))
-
-
-def iter_windows(counts: np.ndarray, load_lengths: Callable[[int], np.ndarray], config: WindowConfig,
-                 epoch: int) -> Iterator[Window]:
-    """Plan an epoch window by window.
-
-    counts: (S,) int64 samples per shard; load_lengths(shard) -> (n,) int64.
-    Holds one window's arrays (plus at most one step of carried samples and
-    the held outliers).
-
-    With shuffling, outliers (``outlier_limit``) are held back from window to window and
-    planned together, in the last window or once they make a quarter of one:
-    a step holding an outlier lasts as long as that sample alone, so outliers
-    spread over every window would each set the time of a step of their own
-    window (on Common Voice Pashto at W = 64, 20,000-sample windows without
-    holding plan a 1.8x longer epoch than the whole corpus at once).
-    Samples longer than ``config.max_length`` are left out and counted.
-    """
-    if config.read_mode == "shard":
-        from .shard_mode import affine_windows  # it imports this module
-
-        yield from affine_windows(counts, load_lengths, config, epoch)
-        return
-    # One sample-mode loop, shared with mixed sources and elastic resume (replan.py imports this module).
-    from .sample_mode import plain_inputs, plan_windows
-
-    yield from plan_windows(plain_inputs(counts, load_lengths, config, epoch), config, epoch)
-
-
-def summarize(counts: np.ndarray, load_lengths: Callable[[int], np.ndarray], config: WindowConfig,
-              epoch: int) -> EpochSummary:
-    """Plan the whole epoch (lengths only) and count what it trains on."""
-    steps = padded = dropped = over = 0
-    per_window = []
-    for w in iter_windows(counts, load_lengths, config, epoch):
-        steps += w.num_steps
-        over += w.too_long
-        per_window.append(w.num_steps)
-        if w.last:
-            padded, dropped = w.plan.num_padded, w.plan.num_dropped
-    samples = int(counts.sum()) - dropped - over
-    return EpochSummary(epoch, steps, samples, padded, dropped, tuple(per_window), over)

@@ -186,8 +186,7 @@ def plan_affine_window(carry_len: np.ndarray, carry_holder: np.ndarray, new_len:
     n = lengths.shape[0]
     lmax = int(lengths.max(initial=0))
     cap = min(max_batch_size, max(n, 1))
-    tokens = min(max_batch_tokens, cap * max(lmax, 1) + 1)
-    cost.check_range(lmax, tokens, cap, w)
+    tokens = cost.budget(lmax, max_batch_tokens, cap, w)
     max_cost = cost.cost_cap(max_step_cost)
     pooled = pooled_mask(lengths, max_batch_tokens, w)
     weights = sample_weights(lengths, cost, tokens, cap, max_cost, w)
