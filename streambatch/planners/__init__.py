@@ -3,7 +3,7 @@
 Adding a planner: write one module (plan function + kernels beside it) that
 declares a ``Planner`` (``base.py``), add one line to ``_BUILTIN`` below (or
 call ``register_planner`` from your own code), and run
-``tests/test_planner_contract.py``, which checks the contract for every
+``tests/planners/test_planner_contract.py``, which checks the contract for every
 registered planner.
 """
 

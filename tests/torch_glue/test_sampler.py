@@ -70,7 +70,7 @@ def test_state_from_another_configuration_is_refused():
     lengths = lognormal_lengths(500)
     s = DynamicBatchSampler(lengths, 4000, 16, world_size=2)
     state = s.state_dict()
-    # another world size resumes elastically (tests/test_elastic.py), but not with other settings
+    # another world size resumes elastically (tests/planners/test_elastic.py), but not with other settings
     with pytest.raises(ValueError, match="different configuration"):
         DynamicBatchSampler(lengths, 3000, 16, world_size=4).load_state_dict(state)
     with pytest.raises(ValueError, match="different configuration"):

@@ -14,13 +14,13 @@ import torch.multiprocessing as mp
 
 from streambatch.streaming import StreamingBatches, index_shards
 
-from helpers import free_port
+from helpers import TESTS, free_port
 from launch_torchrun import BUDGET, CAP, WINDOW, run_rank
 from shards import FPS, write_corpus
 
 pytestmark = pytest.mark.slow  # real multi-process runs
 
-HERE = os.path.dirname(os.path.abspath(__file__))
+HERE = TESTS
 
 
 @pytest.fixture(scope="module")

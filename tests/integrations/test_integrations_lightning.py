@@ -26,7 +26,7 @@ import torch
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(find_spec("lightning") is None,
                                                    reason="needs the integrations extra (lightning)")]
 
-HERE = os.path.dirname(os.path.abspath(__file__))
+HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # tests/: helpers and launchers
 EPOCHS, WORKERS, EVERY = 3, 2, 17  # an epoch is 51 batches per process here: steps 17, 34, 51 are checkpoints
 STREAM = dict(max_batch_tokens=400, max_batch_size=12, window_samples=60)
 STREAM_EVERY = 3

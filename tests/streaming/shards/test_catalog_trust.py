@@ -2,7 +2,7 @@
 ``pipe:`` entries refused unless trusted, a remote catalog limited to its own
 storage, relative entries resolved against the catalog's location, version 1
 catalogs still loading. Local catalogs here; the same served by nginx in
-``tests/test_catalog_trust_servers.py``."""
+``tests/streaming/shards/test_catalog_trust_servers.py``."""
 
 from __future__ import annotations
 

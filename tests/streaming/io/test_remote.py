@@ -247,11 +247,11 @@ def test_index_split_and_merged_under_torchrun(tmp_path):
 
     from streambatch.streaming.shards.catalog_file import read_catalog
 
-    from helpers import free_port
+    from helpers import TESTS, free_port
 
     brace, paths, _ = write_corpus(tmp_path / "d", SIZES, seed=4)
     cat = str(tmp_path / "t.catalog.npz")
-    here = os.path.dirname(os.path.abspath(__file__))
+    here = TESTS
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join([here, os.path.dirname(here)]))
     out = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
                           "--master-addr", "127.0.0.1", "--master-port", str(free_port()), "-m", "streambatch.cli",

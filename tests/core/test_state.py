@@ -81,7 +81,8 @@ def test_one_fingerprint_scheme(corpus):
     # the version-1 sampler formula: old checkpoints keep loading
     assert s.config.fingerprint(lengths) == config_fingerprint(lengths, 4000, 16, True, False, 2, 5, "greedy", "[]")
     ds = make(corpus, rank=0, world_size=2)
-    assert isinstance(ds.fingerprint, int)
+    assert type(ds.fingerprint) is int and 0 <= ds.fingerprint < 2**63  # a 63-bit int, JSON-exact
+    assert ds.fingerprint == ds.state_dict()[S.FINGERPRINT]
     assert ds.state_dict()[S.FINGERPRINT] == ds.config.fingerprint(ds.catalog.fingerprint())
     assert make(corpus, rank=1, world_size=2).fingerprint == ds.fingerprint  # rank is not part of it
     assert make(corpus, rank=0, world_size=2, window_samples=50).fingerprint != ds.fingerprint
@@ -227,7 +228,13 @@ def test_stateful_dataloader_reads_the_sampler_without_warning():
         it = iter(loader)
         for _ in range(5):
             next(it)
-        loader.state_dict()
+        state = loader.state_dict()
+    # the loader took the sampler's own state, at the 5 batches the loop received (not the prefetched count)
+    sampler_state = state["_snapshot"]["_main_snapshot"]["_index_sampler_state"]
+    assert sampler_state[S.STEP] == 5 and sampler_state[S.FINGERPRINT] == s.state_dict()[S.FINGERPRINT]
+    resumed = DynamicBatchSampler(lognormal_lengths(1500), 4000, 16, world_size=2, rank=0)
+    resumed.load_state_dict(sampler_state)
+    assert list(resumed) == list(s.batches)[5:]
 
 
 # ---------------------------------------------------------------- streaming edges
