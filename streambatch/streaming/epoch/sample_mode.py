@@ -1,5 +1,5 @@
 """Window planning (sample read mode) with elastic segments (pure numpy):
-the loop behind ``window.iter_windows``, and the streaming side of
+the loop behind ``modes.iter_windows``, and the streaming side of
 ``planners/elastic.py``.
 
 An epoch's windows (``WindowInput``: the window's own samples; one shard list
@@ -13,7 +13,8 @@ piece)), and the epoch continues window by window at ``W'``. So every sample
 of the epoch is trained once, except the final step's counted padding or
 drop; every rank of each world takes the same number of steps. Without
 segments this is the ordinary epoch.
-"""
+
+Stream: ``Window`` objects in epoch order, each planned across all ranks (replanned rests after a resize)."""
 
 from __future__ import annotations
 

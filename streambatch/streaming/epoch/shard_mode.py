@@ -1,5 +1,5 @@
 """An epoch of shard-affine windows (``read_mode="shard"``), with elastic
-segments: the loop behind ``window.iter_windows`` in shard mode, and behind
+segments: the loop behind ``modes.iter_windows`` in shard mode, and behind
 mixed sources in shard mode.
 
 Without segments each window (>= W shards of the epoch's shard order; or,
@@ -29,7 +29,8 @@ shard-affine at the new world size, the shards left in the epoch's order
 cut into windows for that world (``window_samples`` and min W shards for
 it); so every sample of the epoch is trained once, except the final step's
 padding or drop. Without segments the output is ``iter_windows``' as before.
-"""
+
+Stream: ``Window`` objects in epoch order, each rank reading a contiguous piece of the window's shards."""
 
 from __future__ import annotations
 

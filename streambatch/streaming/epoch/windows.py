@@ -24,7 +24,8 @@ ranged read per shard. That epoch loop, with elastic resume, is
 
 Everything is a pure function of (lengths, config, epoch), so every rank and
 every DataLoader worker computes the same windows without talking.
-"""
+
+Stream: an epoch's shard order cut into windows (bounds, seeds, outlier holding) and the ``Window`` a loop yields."""
 
 from __future__ import annotations
 

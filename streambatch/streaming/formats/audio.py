@@ -6,7 +6,8 @@ parsed here by hand: indexing reads a few kilobytes per sample instead of the
 audio. Other containers fall back to ``soundfile.info`` on the whole member.
 ``AUDIO_FORMATS`` is the one list of audio suffixes: what lengths measure is
 what ``decode_audio`` decodes.
-"""
+
+Stream: audio headers (length, rate) for the indexer; decoded (tensor, rate) samples for decode="audio"."""
 
 from __future__ import annotations
 

@@ -11,7 +11,8 @@ skipped. Unlike ``tarfile``, a corrupt header, a truncated member, a damaged
 sparse map or a missing end-of-archive marker is a ``ShardError`` naming the
 shard and byte offset, never a silent early end, an endless loop or an
 unbounded allocation.
-"""
+
+Stream: tar member records (name, offset, size), grouped into samples; sample dicts from their bytes."""
 
 from __future__ import annotations
 

@@ -22,7 +22,8 @@ ending at it (real writers always close the map there, with a zero-length
 region if the file ends in a hole) and their lengths adding up to the stored
 data exactly; at most ``MAX_ENTRIES`` regions and ``MAX_SIZE`` bytes. A map
 that fails is a ``ShardError``: damage, never a guess at the bytes.
-"""
+
+Stream: the data extents of GNU/PAX sparse members (the holes read as zeros)."""
 
 from __future__ import annotations
 

@@ -35,7 +35,8 @@ starts a download only while the disk has room for it and as much again
 reader downloads what it needs itself, first deleting this process's own
 prefetched files it has not reached yet. Only a piece that still does not
 fit is an error.
-"""
+
+Stream: shard byte ranges on node-local disk, shared by the rank's processes."""
 
 from __future__ import annotations
 

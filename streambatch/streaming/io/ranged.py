@@ -20,7 +20,8 @@ read; the indexer then streams the shard once front to back
 Sidecars and catalogs in object storage are read with one GET each
 (``read_npz_bytes``), under the same ``RetryPolicy`` (timeout, retries) as
 shards.
-"""
+
+Stream: byte ranges of remote objects (``RangedFile``), npz files in remote storage."""
 
 from __future__ import annotations
 

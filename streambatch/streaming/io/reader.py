@@ -5,7 +5,8 @@ back.
 URL expansion and stream opening are webdataset's (``expand_urls``,
 ``gopen``), so brace patterns, ``file:``, ``pipe:`` and ``http(s):`` behave
 as they do there.
-"""
+
+Stream: sample bytes of local files by offset, and of streams front to back."""
 
 from __future__ import annotations
 

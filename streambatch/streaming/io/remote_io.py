@@ -1,5 +1,7 @@
 """Remote-shard settings of a ``StreamingBatches`` and the per-iteration
-reader it makes (the glue between the dataset and ``cache.py``)."""
+reader it makes (the glue between the dataset and ``cache.py``).
+
+Stream: nothing: the remote settings of a dataset and its identity checks."""
 
 from __future__ import annotations
 

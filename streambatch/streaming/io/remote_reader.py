@@ -18,7 +18,8 @@ The seam with planning is small: per window it uses the plan's batches for
 this rank (``win.plan.batch(step, rank)``), the sample -> shard map
 (``win.shard_ids``, ``win.local``) and the next window, so it serves the
 global (sample) plan and a shard-affine plan alike.
-"""
+
+Stream: the sample bytes of a window's remote reads, prefetched through the cache."""
 
 from __future__ import annotations
 

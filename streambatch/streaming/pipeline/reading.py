@@ -1,7 +1,9 @@
 """How ``StreamingBatches`` reads: each pass walks the epoch's planned
 windows and yields this rank's steps, reading only the tar bytes of the
 samples in them (by offset: local files directly, remote shards through
-the node-local cache of ``remote_io``)."""
+the node-local cache of ``remote_io``).
+
+Stream: batches: this rank's (and worker's) steps of each window, read, parsed, decoded, collated."""
 
 from __future__ import annotations
 

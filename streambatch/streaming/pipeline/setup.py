@@ -1,7 +1,9 @@
 """Constructor-time setup of ``StreamingBatches``: argument checks, indexing
 missing shards across ranks, opening the shard catalog (or a mix of
 sources) and checking its samples. ``StreamingBatches.__init__`` runs these
-in order and carries any failure to every rank before raising it."""
+in order and carries any failure to every rank before raising it.
+
+Stream: nothing (constructor-time checks and the opened catalog)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,9 @@
 """Saving and resuming ``StreamingBatches``: ``state_dict`` /
 ``load_state_dict`` (keys in ``streambatch.core.state``), including a
 torchdata ``StatefulDataLoader``'s state and an elastic resume at another
-world size (``streaming/epoch/sample_mode.py``)."""
+world size (``streaming/epoch/sample_mode.py``).
+
+Stream: ``state_dict()`` / ``load_state_dict()`` of the dataset (the ``core/state.py`` format)."""
 
 from __future__ import annotations
 

@@ -12,7 +12,8 @@ Layout (int64): epoch; a pending resume (epoch or -1, step, a token that
 changes with each new resume, and the worker count of the pass that claimed
 it); skips loaded from a state; then one "claimed token" slot per worker and
 one skip counter per process (main process, worker 0, worker 1, ...).
-"""
+
+Stream: nothing: shared-memory counters (epoch, resume position, skips) across a rank's processes."""
 
 from __future__ import annotations
 

@@ -20,7 +20,8 @@ so a later epoch or a restarted job is not poisoned; they are not deleted
 (a few bytes per failed epoch). Without an initialised process group of more
 than one rank, or when its store is not a TCPStore (FileStore, HashStore), the
 channel is off: a failure raises on its own rank only, as before.
-"""
+
+Stream: a failure of one rank, raised on every rank."""
 
 from __future__ import annotations
 

@@ -17,7 +17,8 @@ Arrays (S shards, N samples):
 Version 2 stores relative local paths relative to the catalog's directory;
 entries are resolved and checked on reading (``streaming/shards/catalog_trust.py``: a
 catalog's entries are data, never commands). Version 1 files still load.
-"""
+
+Stream: a ``*.catalog.npz`` file's shard list, counts and lengths."""
 
 from __future__ import annotations
 

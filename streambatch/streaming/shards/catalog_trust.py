@@ -21,7 +21,8 @@ on top of the rules. Relative entries resolve against the catalog's own
 location (local directory or URL), never against the current directory of
 the process reading it (version 1 catalogs on local disk, which stored paths
 as given to the indexer, keep their old meaning).
-"""
+
+Stream: nothing: the check that refuses untrusted catalog entries."""
 
 from __future__ import annotations
 

@@ -21,7 +21,8 @@ Staleness, i.e. what a current sidecar guarantees (``staleness``):
 changed stream shows up as a key mismatch when a sample is read. Remote
 (fsspec) shards are checked by size and ETag, against ``stat`` (their
 current ones) when it is given.
-"""
+
+Stream: a shard's identity (size, mtime or ETag, content digest)."""
 
 from __future__ import annotations
 

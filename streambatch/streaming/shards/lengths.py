@@ -1,5 +1,7 @@
 """Where a sample's planning length comes from: a JSON field, an audio header,
-or a function of the sample; seconds become frames by ``seconds_to_frames``."""
+or a function of the sample; seconds become frames by ``seconds_to_frames``.
+
+Stream: one length per sample (from a JSON field, an audio header or a function)."""
 
 from __future__ import annotations
 

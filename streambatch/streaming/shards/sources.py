@@ -20,7 +20,8 @@ granularity for I/O:
   (``streaming/epoch/shard_mode.py``), so every rank streams a slice of every source.
 
 Pure numpy plus sidecar reads (through ``Catalog``); no torch.
-"""
+
+Stream: a mix's ``WindowInput`` stream: each window's share of every source."""
 
 from __future__ import annotations
 

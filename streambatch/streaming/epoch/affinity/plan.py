@@ -51,7 +51,8 @@ A rank's batches mix all of its window share, so it needs its whole share
 (about window bytes / W) before the window's first step; prefetching the
 next window's share while one trains keeps two shares per rank resident.
 ``bucket_width`` has no effect here (per-rank pools are sorted exactly).
-"""
+
+Stream: per window, per-rank cuts of its shards and the steps that train them."""
 
 from __future__ import annotations
 
