@@ -8,7 +8,7 @@
 Every measurement runs in a fresh process whose PYTHONPATH is the checkout measured (this one, or ``--old``),
 and the two checkouts alternate, so the ratios compare like with like on a busy machine. Times are CPU
 seconds (``time.process_time``) of ``make_plan(..., planner="greedy")`` on audio-like lengths
-(``streambatch.cli.benchmark.audio_lengths``: log-normal 0.5-30 s at 50 frames/s; budget 16,000, cap 64),
+(``streambatch.cli.timing.audio_lengths``: log-normal 0.5-30 s at 50 frames/s; budget 16,000, cap 64),
 the median of ``--repeats`` warm runs per process. ``hashes`` exits 1 if any plan differs. Never part of
 the test run.
 """
@@ -51,7 +51,7 @@ def _child_compile() -> dict:
     import time
 
     from streambatch import make_plan
-    from streambatch.cli.benchmark import audio_lengths
+    from streambatch.cli.timing import audio_lengths
 
     lengths = audio_lengths(2000)
     t = time.process_time()
@@ -153,7 +153,7 @@ def _sides(old: str | None) -> list[tuple[str, str]]:
 
 
 def speed(ns: list[int], worlds: list[int], repeats: int, old: str | None) -> None:
-    from streambatch.cli.benchmark import audio_lengths
+    from streambatch.cli.timing import audio_lengths
 
     sides = _sides(old)
     print(f"### Greedy planning speed by world size (audio-like lengths, budget 16,000, cap 64; CPU s, "

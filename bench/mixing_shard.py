@@ -31,10 +31,10 @@ from mixing import REAL, memory_catalog, prefix_errors, real  # noqa: E402
 
 from streambatch.core.mix import Mix, SourceSpec  # noqa: E402
 from streambatch.planners.interleave import step_counts  # noqa: E402
-from streambatch.streaming.affine_epoch import plan_affine  # noqa: E402
-from streambatch.streaming.replan import plan_windows  # noqa: E402
-from streambatch.streaming.sources import SourceCatalog, mixed_inputs, source_of_shards  # noqa: E402
-from streambatch.streaming.window import WindowConfig, default_window  # noqa: E402
+from streambatch.streaming.epoch.sample_mode import plan_windows  # noqa: E402
+from streambatch.streaming.epoch.shard_mode import plan_affine  # noqa: E402
+from streambatch.streaming.epoch.windows import WindowConfig, default_window  # noqa: E402
+from streambatch.streaming.shards.sources import SourceCatalog, mixed_inputs, source_of_shards  # noqa: E402
 
 from distributions import make_lengths  # noqa: E402
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from streambatch.cli import benchmark
+from streambatch.cli import timing
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -20,29 +20,29 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--worlds", type=int, nargs="+", default=[1, 8, 16, 64])
     p.add_argument("--scale", type=int, default=10_000_000, help="samples for the at-scale row")
     p.add_argument("--scale-world", type=int, default=64)
-    p.add_argument("--planners", nargs="+", default=benchmark.available_planners())
+    p.add_argument("--planners", nargs="+", default=timing.available_planners())
     args = p.parse_args(argv)
     log = lambda s: print(f"  .. {s}", file=sys.stderr, flush=True)  # noqa: E731
 
     print(f"### Planning time vs the pure-Python seed algorithm (N={args.n:,}, audio-like lengths, "
-          f"budget {benchmark.BUDGET:,}, cap {benchmark.CAP})\n")
+          f"budget {timing.BUDGET:,}, cap {timing.CAP})\n")
     print("| W | planner | streambatch (ms) | seed algorithm (s) | speed-up |")
     print("|---|---|---|---|---|")
-    for r in benchmark.versus_seed(args.n, args.worlds, args.planners, log):
+    for r in timing.versus_seed(args.n, args.worlds, args.planners, log):
         print(f"| {r['world_size']} | {r['planner']} | {r['seconds'] * 1e3:.2f} | {r['seed_seconds']:.2f} | "
               f"{r['ratio']:,.0f}x |")
 
     print(f"\n### At scale (N={args.scale:,}, W={args.scale_world}, warm, one core)\n")
     print("| planner | time (s) | samples/s | peak planning memory (bytes/sample) |")
     print("|---|---|---|---|")
-    for r in benchmark.at_scale(args.scale, args.scale_world, args.planners):
+    for r in timing.at_scale(args.scale, args.scale_world, args.planners):
         print(f"| {r['planner']} | {r['seconds']:.2f} | {r['samples_per_s'] / 1e6:.1f}M | "
               f"{r['bytes_per_sample']:.1f} |")
 
     print("\n### Numba compile (fresh processes)\n")
     print("| planner | cold compile, first call (s) | warm cache, first call (s) | import streambatch (s) |")
     print("|---|---|---|---|")
-    for r in benchmark.compile_times(args.planners):
+    for r in timing.compile_times(args.planners):
         print(f"| {r['planner']} | {r['cold_first_call']:.2f} | {r['warm_first_call']:.3f} | {r['import']:.2f} |")
 
 

@@ -31,7 +31,7 @@ sys.path.insert(0, os.path.join(HERE, "..", "tests"))
 
 from streambatch.cli.corpus import make_shards  # noqa: E402
 from streambatch.streaming import StreamingBatches, index_shards  # noqa: E402
-from streambatch.streaming.catalog_file import catalog_arrays, write_catalog  # noqa: E402
+from streambatch.streaming.shards.catalog_file import catalog_arrays, write_catalog  # noqa: E402
 
 from servers import FaultProxy, nginx_server  # noqa: E402
 
@@ -152,7 +152,7 @@ def throughput(root: str, quick: bool, repeats: int) -> None:
 
 def _via(cat: str, old: str, new: str, root: str, mode: str) -> str:
     """A copy of the catalog whose shard URLs go through the proxy."""
-    from streambatch.streaming.catalog_file import read_catalog
+    from streambatch.streaming.shards.catalog_file import read_catalog
 
     c = read_catalog(cat)
     out = os.path.join(root, f"via-{mode}-{abs(hash(new)) % 10**6}.catalog.npz")

@@ -10,6 +10,8 @@ import numpy as np
 
 # Set by conftest.py before any test module is imported: "1" under --full.
 FULL = os.environ.get("STREAMBATCH_FULL_TESTS") == "1"
+# The tests/ folder (helpers, shards, launchers; test files live in sub-folders that mirror the package).
+TESTS = os.path.dirname(os.path.abspath(__file__))
 
 
 def examples(n: int) -> int:

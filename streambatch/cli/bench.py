@@ -5,7 +5,7 @@ from Numba's cache, before timing), best of ``repeats`` runs per cell.
 Memory is the growth of peak resident memory during one planning call
 (Linux: the VmHWM mark is reset before it), with the lengths already
 loaded. The pure-Python seed comparison and compile times come from
-``streambatch.benchmark``, shared with ``bench/planning.py``.
+``streambatch.cli.timing``, shared with ``bench/planning.py``.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from ..planners import make_plan
-from . import benchmark
+from . import timing
 from .args import Formatter, whole
 
 
@@ -62,21 +62,21 @@ def sweep(sizes: Iterable[int], worlds: Iterable[int], planners: Iterable[str], 
           progress: Callable[[str], None] = lambda s: None) -> list[dict]:
     """Rows of {planner, n, world_size, seconds, samples_per_s, peak_bytes} for every cell."""
     sizes, worlds, planners = sorted(set(sizes)), sorted(set(worlds)), list(planners)
-    every = benchmark.audio_lengths(max(sizes))  # prefixes of one i.i.d. draw: every N sees the same distribution
+    every = timing.audio_lengths(max(sizes))  # prefixes of one i.i.d. draw: every N sees the same distribution
     rows = []
     for name in planners:
-        make_plan(every[:1000], benchmark.BUDGET, benchmark.CAP, 8, planner=name)  # compile / load from cache
+        make_plan(every[:1000], timing.BUDGET, timing.CAP, 8, planner=name)  # compile / load from cache
         for n in sizes:
             lengths = every[:n]
             for w in worlds:
                 progress(f"{name} N={n:,} W={w}")
-                run = functools.partial(make_plan, lengths, benchmark.BUDGET, benchmark.CAP, w, planner=name)
+                run = functools.partial(make_plan, lengths, timing.BUDGET, timing.CAP, w, planner=name)
                 reps = repeats or (3 if n < 10_000_000 else 1)
                 t = time.perf_counter()
-                peak = benchmark.peak_growth(run)  # also the first timed run: at 40M samples each run counts
+                peak = timing.peak_growth(run)  # also the first timed run: at 40M samples each run counts
                 seconds = time.perf_counter() - t
                 if reps > 1:
-                    seconds = min(seconds, benchmark.best_time(run, reps - 1))
+                    seconds = min(seconds, timing.best_time(run, reps - 1))
                 rows.append({"planner": name, "n": n, "world_size": w, "seconds": seconds,
                              "samples_per_s": n / seconds, "peak_bytes": peak})
     return rows
@@ -93,13 +93,13 @@ def run_bench(args: argparse.Namespace) -> int:
     seed_runs = len(args.seed_worlds) * (1 + len(planners)) if args.seed_n else 0
     print(f"## Planning speed: {', '.join(planners)} ({platform.processor() or platform.machine()}, "
           f"{os.cpu_count()} CPUs, numba {numba.__version__}, numpy {np.__version__})\n")
-    print(f"Audio-like lengths (log-normal 0.5-30 s at 50 frames/s), budget {benchmark.BUDGET:,} frames, "
-          f"at most {benchmark.CAP} per batch; warm, one thread, best of "
+    print(f"Audio-like lengths (log-normal 0.5-30 s at 50 frames/s), budget {timing.BUDGET:,} frames, "
+          f"at most {timing.CAP} per batch; warm, one thread, best of "
           f"{args.repeats or '3 (1 from N = 10M)'} runs.\n")
     progress = Progress(len(planners) * len(sizes) * len(worlds) + seed_runs)
     try:
         rows = sweep(sizes, worlds, planners, args.repeats, progress.step)
-        seed_rows = benchmark.versus_seed(args.seed_n, args.seed_worlds, planners, progress.step) \
+        seed_rows = timing.versus_seed(args.seed_n, args.seed_worlds, planners, progress.step) \
             if args.seed_n else []
     finally:
         progress.close()
@@ -122,7 +122,7 @@ def run_bench(args: argparse.Namespace) -> int:
         print("\n### Numba compile (fresh processes)\n")
         print("| planner | cold compile, first call (s) | warm cache, first call (s) | import streambatch (s) |")
         print("|---|---:|---:|---:|")
-        for r in benchmark.compile_times(planners):
+        for r in timing.compile_times(planners):
             print(f"| {r['planner']} | {r['cold_first_call']:.2f} | {r['warm_first_call']:.3f} | {r['import']:.2f} |")
     if plot:
         plot_throughput(plot, rows)

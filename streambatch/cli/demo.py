@@ -148,7 +148,7 @@ def check_demo_dir(path: str, force: bool) -> None:
 def planned_batches(catalog, config, epoch: int = 0):
     """Batches (see ``metrics.Batches``) of the epoch StreamingBatches streams
     with ``config``, planned window by window from the sidecar lengths alone."""
-    from ..streaming.window import iter_windows
+    from ..streaming.epoch.modes import iter_windows
     from .metrics import Batches, plan_batches
 
     parts = []

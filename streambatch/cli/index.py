@@ -43,10 +43,10 @@ def torchrun_part() -> tuple[int, int] | None:
 
 
 def run_index(args: argparse.Namespace) -> int:
-    from ..streaming.indexer import index_shards, merge_catalog, parse_part
-    from ..streaming.reader import expand_urls
-    from ..streaming.remote import RetryPolicy
-    from ..streaming.sidecar import default_index_dir
+    from ..streaming.io.reader import expand_urls
+    from ..streaming.io.remote import RetryPolicy
+    from ..streaming.shards.indexer import index_shards, merge_catalog, parse_part
+    from ..streaming.shards.sidecar import default_index_dir
 
     shards = [u for text in args.shards for u in shard_list(text)]
     options = storage_options(args.storage_option) or None
@@ -96,7 +96,7 @@ def _merge_under_torchrun(shards, part, args, options, retry=None) -> None:
     """Every rank has written its part: meet at a barrier, rank 0 merges."""
     import torch.distributed as dist
 
-    from ..streaming.indexer import merge_catalog
+    from ..streaming.shards.indexer import merge_catalog
 
     own = not dist.is_initialized()
     if own:

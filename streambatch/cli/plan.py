@@ -54,7 +54,7 @@ def load_inputs(inputs: list[str], field: str | None, fps: float | None, index_d
     files = [text for text in inputs if not is_shards(text)]
     if shards:
         from ..streaming import open_catalog
-        from ..streaming.sidecar import read_meta
+        from ..streaming.shards.sidecar import read_meta
 
         hint = inputs[0] if len(inputs) == 1 else None
         cat = open_catalog(shards, index_dir=index_dir, url_hint=hint)

@@ -35,7 +35,7 @@ def warm_all() -> None:
     from ..core.shuffle import SMALL, permutation_slice
     from ..planners import PLANNERS, make_plan
     from ..planners.interleave import interleave_steps, source_labels
-    from ..streaming.affinity import warm_up
+    from ..streaming.epoch.affinity.plan import warm_up
 
     lengths = np.arange(1, 301, dtype=np.int64) % 97 + 1
     for planner in sorted(PLANNERS):

@@ -56,7 +56,8 @@ class PlanConfig:
               planner_options: Mapping[str, Any] | None = None, **extra: Any) -> C:
         """Validate and coerce every setting (TypeError/ValueError naming the
         bad one). ``extra`` holds a subclass's own settings."""
-        # The registry lives in streambatch.planners, which imports this layer.
+        # The registry lives in streambatch.planners, which imports this layer (an upward import left until the
+        # lazy planner registry lands; tests/test_import_graph.py LEFT_UPWARD).
         from ..planners import check_planner, get_planner
 
         if planner_options is None:

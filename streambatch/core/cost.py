@@ -35,6 +35,8 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.typing import ArrayLike
 
+from .cost_fit import calibrate
+
 INT64_MAX = np.iinfo(np.int64).max
 KINDS = ("linear", "quadratic", "quadratic_duration")  # the kinds kernels compute
 ALL_KINDS = (*KINDS, "step")  # a step model balances as one of KINDS (``plain``)
@@ -235,9 +237,8 @@ class CostModel:
         squares on relative errors). ``options``: see ``cost_fit.calibrate``
         (max_batch_tokens, max_length, repeats, warmup, max_seconds, progress).
         The fit's report is on the returned model's ``fit_report`` attribute."""
-        from .cost_fit import calibrate  # the timing loop: only for those who calibrate
-
-        model, report = calibrate(step_fn, shapes=shapes, **options)
+        (c0, c1, c2), report = calibrate(step_fn, shapes=shapes, **options)
+        model = cls.step(c0, c1, c2)
         object.__setattr__(model, "fit_report", report)
         return model
 
@@ -250,6 +251,12 @@ class CostModel:
         if cap < 1:
             raise ValueError(f"max_step_cost={max_step_cost} is below the cost of any batch ({self}); raise it")
         return cap
+
+    def budget(self, max_len: int, max_tokens: int, max_size: int, world_size: int) -> int:
+        """The token budget a planner works with, checked: ``clamp_budget`` then ``check_range``."""
+        tokens = clamp_budget(max_tokens, max_size, max_len)
+        self.check_range(max_len, tokens, max_size, world_size)
+        return tokens
 
     def check_range(self, max_len: int, max_tokens: int, max_size: int, world_size: int) -> None:
         """Refuse lengths whose scaled costs summed over a step could overflow int64."""
@@ -275,6 +282,14 @@ class CostModel:
         if self.kind == "step":
             return f"{self.c0:.4g} + {self.c1:.4g}*B*L + {self.c2:.4g}*B*L^2 s"
         return {"linear": "B*L", "quadratic": "B*L^2", "quadratic_duration": f"B*(L+L^2/{self.q})"}[self.kind]
+
+
+def clamp_budget(max_batch_tokens: int, max_batch_size: int, max_len: int) -> int:
+    """The budget clamped to what a batch can hold: ``max_batch_size`` samples of
+    at most ``max_len`` (read as 1 when every length is 0) tokens, + 1. A larger
+    budget never binds; the clamp keeps kernel arithmetic small. The one copy of
+    this rule (make_plan, the bucketed, greedy and shard-affine planners)."""
+    return min(max_batch_tokens, max_batch_size * max(max_len, 1) + 1)
 
 
 def resolve_cost(cost: str | os.PathLike | CostModel | None) -> CostModel:

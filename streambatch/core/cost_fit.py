@@ -21,8 +21,6 @@ from typing import Any
 
 import numpy as np
 
-from .cost import CostModel
-
 
 def design_shapes(max_batch_tokens: int, max_length: int, max_batch_size: int | None = None,
                   lengths: int = 6) -> np.ndarray:
@@ -92,14 +90,15 @@ def calibrate(step_fn: Callable[[int, int], Any], shapes: np.ndarray | None = No
               max_batch_size: int | None = None, repeats: int = 5, warmup: int = 2,
               max_seconds: float = 120.0, progress: bool = False,
               sync: Callable[[], None] | None = None,
-              clock: Callable[[], float] = time.perf_counter) -> tuple[CostModel, dict]:
+              clock: Callable[[], float] = time.perf_counter) -> tuple[tuple[float, float, float], dict]:
     """Time ``step_fn(batch_size, length)`` on each shape (``shapes``, or
     ``design_shapes(max_batch_tokens, max_length, max_batch_size)``): ``warmup``
     untimed calls of the largest shape first, then per shape one untimed call
     and up to ``repeats`` timed ones (median), within ``max_seconds`` in all
     (shapes left when the time is up are dropped; at least 3 must be timed).
-    Returns the fitted ``CostModel.step`` and a report: per shape the measured
-    and predicted seconds and the error, and the median / p90 absolute error."""
+    Returns the fitted ``(c0, c1, c2)`` (``CostModel.step``'s) and a report:
+    per shape the measured and predicted seconds and the error, and the
+    median / p90 absolute error."""
     if shapes is None:
         if max_batch_tokens is None or max_length is None:
             raise ValueError("pass shapes=(K, 2) (batch size, length) pairs, or max_batch_tokens and max_length "
@@ -145,9 +144,8 @@ def calibrate(step_fn: Callable[[int, int], Any], shapes: np.ndarray | None = No
     c0, c1, c2 = fit_step(done, np.array(measured))
     if c1 <= 0 and c2 <= 0:
         c1 = float(np.min(np.array(measured) / (done[:, 0] * done[:, 1])) * 1e-6)  # flat times: a token term > 0
-    model = CostModel.step(c0, c1, c2)
     t = np.array(measured)
-    pred = c0 + model.batch_cost(done[:, 0], done[:, 1])
+    pred = features(done) @ np.array([c0, c1, c2])
     err = (pred - t) / t * 100
     report = {
         "shapes": [{"batch_size": int(b), "length": int(L), "measured_s": float(m), "predicted_s": float(p),
@@ -157,7 +155,7 @@ def calibrate(step_fn: Callable[[int, int], Any], shapes: np.ndarray | None = No
         "shapes_timed": len(measured), "shapes_designed": int(shapes.shape[0]),
         "seconds": float(clock() - start), "repeats": int(repeats),
     }
-    return model, report
+    return (c0, c1, c2), report
 
 
 def _progress(total: int, on: bool):

@@ -10,14 +10,12 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, TypeAlias, Union
+from typing import TYPE_CHECKING, Protocol, TypeAlias, Union
 
 import numpy as np
 
 if TYPE_CHECKING:
     import torch
-
-    from ..streaming.lengths import LengthSpec
 
 # An integer: a Python int or a numpy integer scalar (bool is refused).
 IntLike: TypeAlias = int | np.integer
@@ -34,5 +32,16 @@ UrlsLike: TypeAlias = str | os.PathLike | Sequence[str | os.PathLike]
 # How a sample's length is computed while indexing: ``"json:duration"``,
 # ``"audio"``, ... (see ``length_spec``), a function of the raw sample dict
 # (suffix -> member bytes; returning seconds with ``frames_per_second``, else a
-# length), or a LengthSpec.
-LengthFrom: TypeAlias = Union[str, Callable[[dict[str, bytes]], float], "LengthSpec"]
+# length), or a LengthSpec (``streaming/shards/lengths.py``; named here by
+# what it does, so that this layer does not import streaming).
+
+
+class LengthSpecLike(Protocol):
+    """What ``streaming.shards.lengths.LengthSpec`` offers the indexer."""
+
+    def describe(self) -> str: ...
+
+    def wants(self, suffix: str) -> bool: ...
+
+
+LengthFrom: TypeAlias = str | Callable[[dict[str, bytes]], float] | LengthSpecLike

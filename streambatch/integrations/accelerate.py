@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 from torch.utils.data import Sampler
 
 from ..core.plan import Plan
-from .guard import check_dealt
+from ..torch_glue.guard import check_dealt
 
 if TYPE_CHECKING:
     from ..torch_glue.sampler import DynamicBatchSampler

@@ -3,7 +3,7 @@
 Adding a planner: write one module (plan function + kernels beside it) that
 declares a ``Planner`` (``base.py``), add one line to ``_BUILTIN`` below (or
 call ``register_planner`` from your own code), and run
-``tests/test_planner_contract.py``, which checks the contract for every
+``tests/planners/test_planner_contract.py``, which checks the contract for every
 registered planner.
 """
 
@@ -92,6 +92,6 @@ def plan_epoch(lengths: np.ndarray, config: PlanConfig, epoch: int) -> Plan:
         # One overflow guard, owned by the cost model the plan balances under.
         lmax = int(lengths.max())
         cap = min(c.max_batch_size, lengths.size)  # a cap above N never binds
-        p.cost_model(resolved).check_range(lmax, min(c.max_batch_tokens, cap * max(lmax, 1) + 1), cap, c.world_size)
+        p.cost_model(resolved).budget(lmax, c.max_batch_tokens, cap, c.world_size)
     return p.plan(lengths, c.max_batch_tokens, c.max_batch_size, c.world_size, c.shuffle, c.drop_last, c.seed, epoch,
                   **resolved)

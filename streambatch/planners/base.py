@@ -6,7 +6,7 @@ declares (name, default, check) and the cost models it can balance under.
 the chosen planner's declarations and guards the cost range with the cost
 model the plan will use; the plan function then receives only valid input.
 
-The plan function's promises (``tests/test_planner_contract.py`` checks all of
+The plan function's promises (``tests/planners/test_planner_contract.py`` checks all of
 them for every registered planner):
 
 - every planned step holds ``world_size`` non-empty batches;

@@ -1,15 +1,15 @@
 """Streaming over WebDataset tar shards: sidecar indexes and StreamingBatches."""
 
-from .audio import collate_audio, decode_audio
-from .catalog import Catalog, open_catalog
 from .dataset import StreamingBatches
+from .epoch.windows import EpochSummary
 from .errors import CacheError, ShardError
-from .indexer import IndexSummary, index_shards
-from .lengths import LengthSpec, length_spec
-from .reader import expand_urls
-from .sidecar import sidecar_path
-from .sources import Source
-from .window import EpochSummary
+from .formats.audio import collate_audio, decode_audio
+from .io.reader import expand_urls
+from .shards.catalog import Catalog, open_catalog
+from .shards.indexer import IndexSummary, index_shards
+from .shards.lengths import LengthSpec, length_spec
+from .shards.sidecar import sidecar_path
+from .shards.sources import Source
 
 __all__ = [
     "StreamingBatches", "index_shards", "IndexSummary", "LengthSpec", "length_spec", "sidecar_path",

@@ -1,8 +1,8 @@
 """``StreamingBatches``: the torch glue over sidecars, window plans and tar reads.
 
-The class is split by job: constructor-time setup in ``dataset_setup.py``,
-state and resume in ``dataset_state.py``, the reading generator in
-``dataset_reading.py``; this module holds the class, its epochs and sizes."""
+The class is split by job: constructor-time setup in ``streaming/pipeline/setup.py``,
+state and resume in ``streaming/pipeline/state.py``, the reading generator in
+``streaming/pipeline/reading.py``; this module holds the class, its epochs and sizes."""
 
 from __future__ import annotations
 
@@ -19,16 +19,19 @@ from ..core.plan import config_fingerprint
 from ..core.redact import logger, scrub_exception
 from ..core.types import FlagLike, IntLike, LengthFrom, NumberLike, UrlsLike
 from ..core.validation import check_flag, check_int
-from ..integrations.guard import check_not_prepared
 from ..planners import RECOMMENDED
 from ..planners.elastic import Segments
 from ..torch_glue.distributed import agree, guess_world, is_distributed, resolve_world, will_check
 from ..torch_glue.elastic import SharedSegments
-from .affine_epoch import affine_windows, plan_affine
-from .audio import decode_audio
-from .catalog_trust import check_trust
-from .dataset_reading import ReadingMixin
-from .dataset_setup import (
+from ..torch_glue.guard import check_not_prepared
+from .epoch.modes import READ_MODES, summarize
+from .epoch.sample_mode import summarize_windows
+from .epoch.windows import EpochSummary, Window, WindowConfig, default_window
+from .formats.audio import decode_audio
+from .io.remote import RetryPolicy, as_policy
+from .io.remote_io import RemoteIO, check_identity
+from .pipeline.reading import ReadingMixin
+from .pipeline.setup import (
     check_output,
     check_samples,
     check_verify,
@@ -37,14 +40,11 @@ from .dataset_setup import (
     resolve_read_mode,
     warm_up,
 )
-from .dataset_state import StateMixin
-from .failures import open_channel
-from .position import SharedState
-from .remote import RetryPolicy, as_policy
-from .remote_io import RemoteIO, check_identity
-from .replan import plain_inputs, plan_windows, summarize_windows
-from .sources import Source, SourceCatalog, is_sources, mixed_inputs, source_of_shards
-from .window import EpochSummary, Window, WindowConfig, default_window, iter_windows, summarize
+from .pipeline.state import StateMixin
+from .runtime.counters import SharedState
+from .runtime.failures import open_channel
+from .shards.catalog_trust import check_trust
+from .shards.sources import Source, SourceCatalog, is_sources, mixed_inputs, source_of_shards
 
 log = logger("streambatch.streaming")
 
@@ -93,7 +93,7 @@ class StreamingBatches(StateMixin, ReadingMixin, IterableDataset):
         reads its own samples by offset: for local files, where seeks are
         free), ``"shard"`` (each rank trains on a contiguous piece of the
         window's shards, which it alone streams: each byte crosses the
-        network once per epoch across the job; see ``affinity.py``) or None
+        network once per epoch across the job; see ``streaming/epoch/affinity/plan.py``) or None
         (the default): ``"sample"`` when every URL (of every source, for
         a mix) is a local file, ``"shard"`` otherwise. Shard mode plans with its own walk: ``planner``
         is not used there, and ``planner_options`` are the bucketed
@@ -130,7 +130,7 @@ class StreamingBatches(StateMixin, ReadingMixin, IterableDataset):
         only URLs of that storage (no local paths). True lifts this for a
         catalog you wrote yourself (a ``pipe:`` entry runs a shell command);
         a set of schemes (``{"pipe"}``) allows just those
-        (``catalog_trust.py``).
+        (``streaming/shards/catalog_trust.py``).
     """
 
     def __init__(self, urls: UrlsLike | Source | Sequence[Source], max_batch_tokens: NumberLike,
@@ -253,23 +253,18 @@ class StreamingBatches(StateMixin, ReadingMixin, IterableDataset):
 
     def _windows(self, epoch: int, segments: Segments = ()) -> Iterator[Window]:
         """The epoch's planned windows, at this world size after ``segments``."""
+        mode = READ_MODES[self.config.read_mode]
         if self.sources is None and not segments:
-            return iter_windows(self.catalog.counts, self.catalog.lengths, self.config, epoch)
-        if self.sources is None and self.config.read_mode == "shard":
-            return affine_windows(self.catalog.counts, self.catalog.lengths, self.config, epoch, segments,
-                                  lambda w: self.config_at(w).window_samples)
+            return mode.plain(self.catalog.counts, self.catalog.lengths, self.config, epoch)
         if self.sources is None:
-            return plan_windows(plain_inputs(self.catalog.counts, self.catalog.lengths, self.config, epoch),
-                                self.config, epoch, segments)
+            return mode.plain(self.catalog.counts, self.catalog.lengths, self.config, epoch, segments,
+                              lambda w: self.config_at(w).window_samples)
         sc = self.sources
         c = self.config
         # a mix's windows (J = samples // window_samples) keep the epoch's first world's size across resizes
         window = self.config_at(segments[0][0]).window_samples if segments else c.window_samples
         inputs = mixed_inputs(sc, window, c.seed, epoch, c.shuffle)
-        if c.read_mode == "shard":
-            return plan_affine(lambda _w: next(inputs, None), c, epoch, segments,
-                               lambda ids: source_of_shards(sc, ids), sc.mix.num_sources)
-        return plan_windows(inputs, c, epoch, segments, lambda ids: source_of_shards(sc, ids), sc.mix.num_sources)
+        return mode.mixed(inputs, c, epoch, segments, lambda ids: source_of_shards(sc, ids), sc.mix.num_sources)
 
     # ------------------------------------------------------------ epochs
 

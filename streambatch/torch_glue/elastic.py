@@ -2,7 +2,7 @@
 where a torchdata ``StatefulDataLoader`` stopped.
 
 The planning itself is ``planners/elastic.py`` (map-style) and
-``streaming/replan.py`` (windows); this module only moves a few integers.
+``streaming/epoch/sample_mode.py`` (windows); this module only moves a few integers.
 """
 
 from __future__ import annotations

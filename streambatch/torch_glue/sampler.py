@@ -21,11 +21,11 @@ from ..core.plan import Plan, RankBatches, config_fingerprint
 from ..core.redact import logger
 from ..core.types import FlagLike, IntLike, LengthsLike, NumberLike
 from ..core.validation import check_flag, check_int, coerce_lengths
-from ..integrations.guard import check_per_rank_sampler
 from ..planners import plan_epoch
 from ..planners.elastic import Segments
 from ..planners.epoch import EpochPlan, plan_epoch_steps
 from .distributed import active, agree, resolve_world, will_check
+from .guard import check_per_rank_sampler
 from .prefetch import prefetching_loader
 from .sampler_state import SamplerStateMixin
 

@@ -167,8 +167,7 @@ def plan_bucketed(lengths: np.ndarray, max_batch_tokens: int, max_batch_size: in
         return assemble(empty, np.zeros((0, w), dtype=np.int64), np.zeros(0, dtype=np.int64), w)
     lmax = int(lengths.max())
     cap = min(max_batch_size, n)
-    tokens = min(max_batch_tokens, cap * max(lmax, 1) + 1)
-    cost.check_range(lmax, tokens, cap, w)
+    tokens = cost.budget(lmax, max_batch_tokens, cap, w)
     max_cost = INT64_MAX
     if max_step_cost is not None:
         # in the cost's units (seconds for a step model, whose kernels count in plain's units)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ...core.cost import clamp_budget
 from ...core.plan import Plan, assemble, finish_last_step
 from ..base import Planner
 
@@ -49,7 +50,7 @@ def plan_greedy(lengths: np.ndarray, max_batch_tokens: int, max_batch_size: int,
         buf_a[:n] = np.arange(n, dtype=dtype)
     # A size cap above N never binds; clamping keeps kernel buffers bounded.
     cap = min(max_batch_size, max(n, 1))
-    tokens = min(max_batch_tokens, cap * int(lengths.max(initial=0)) + 1)
+    tokens = clamp_budget(max_batch_tokens, cap, int(lengths.max(initial=0)))  # make_plan checked the range
     flat, n_steps = greedy_steps(buf_a[:n], lengths, w, tokens, cap, buf_b)
     counts = flat[: n_steps * w].reshape(n_steps, w)
     del buf_a

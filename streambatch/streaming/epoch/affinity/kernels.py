@@ -1,0 +1,97 @@
+"""Numba kernels of the shard-affine window planner (``streaming/epoch/affinity/plan.py``).
+
+Arrays and integer scalars in, arrays out; the plan layer validates inputs.
+Batch costs are the integer ``scale * cost`` of ``cost.py`` (code 0: B*L,
+1: B*L**2, 2: B*L*(q+L)).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+
+@njit(cache=True)
+def _cost(count, longest, code, q):
+    if code == 0:
+        return count * longest
+    if code == 1:
+        return count * longest * longest
+    return count * longest * (q + longest)
+
+
+@njit(cache=True)
+def _fits(count, longest, max_tokens, max_size, max_cost, code, q):
+    return count <= max_size and count * longest <= max_tokens and _cost(count, longest, code, q) <= max_cost
+
+
+@njit(cache=True)
+def affine_steps(slen, starts, max_tokens, max_size, code, q, max_cost):
+    """Cut every rank's own samples into the same number of global steps.
+
+    slen: (n,) int64 lengths, ascending within each rank's segment
+        ``starts[r]:starts[r + 1]`` (starts: (W + 1,) int64), so a batch
+        taken from the front is padded to its last sample.
+
+    Each step's target cost C is that of the cheapest full batch (the
+    longest in-budget prefix) any rank can take next. Every rank takes the
+    prefix of its remaining samples (at least one, at most its full batch)
+    whose cost is nearest C. So a step's batches cost about the same, a rank
+    whose samples are longer at that point takes fewer of them (under-filled
+    rather than costlier), and ranks holding equal cost run out together.
+    Targets are per step, not cumulative: repaying last step's rounding in
+    the next would double the per-step spread (measured: balance 0.965 vs
+    0.976 at W = 64), and the drift it would prevent is a few samples.
+
+    The walk stops when any rank has no sample left (what the others hold
+    then is the caller's to carry or finish).
+
+    Returns (counts (k, W) int64, k, pos (W,) int64): pos[r] is where rank r
+    stopped in its segment.
+    """
+    w = starts.shape[0] - 1
+    shortest = slen.shape[0]  # every step takes >= 1 sample of every rank
+    for r in range(w):
+        shortest = min(shortest, starts[r + 1] - starts[r])
+    counts = np.zeros((shortest, w), dtype=np.int64)
+    pos = starts[:w].copy()
+    full = np.empty(w, dtype=np.int64)
+    k = 0
+    while True:
+        done = False
+        for r in range(w):
+            if pos[r] == starts[r + 1]:
+                done = True
+        if done:
+            break
+        target = np.iinfo(np.int64).max
+        for r in range(w):
+            p = pos[r]
+            e = p + 1  # the full batch: lengths ascend, so it stops at the first sample that does not fit
+            while e < starts[r + 1] and _fits(e + 1 - p, slen[e], max_tokens, max_size, max_cost, code, q):
+                e += 1
+            full[r] = e
+            target = min(target, _cost(e - p, slen[e - 1], code, q))
+        for r in range(w):
+            p = pos[r]
+            aim = target
+            # largest e in [p + 1, full[r]] costing <= aim, or the next one if nearer
+            lo = p + 1
+            hi = full[r]
+            while lo < hi:
+                mid = (lo + hi + 1) >> 1
+                if _cost(mid - p, slen[mid - 1], code, q) <= aim:
+                    lo = mid
+                else:
+                    hi = mid - 1
+            e = lo
+            c = _cost(e - p, slen[e - 1], code, q)
+            if e < full[r]:
+                up = _cost(e + 1 - p, slen[e], code, q)
+                if up - aim < aim - c:
+                    e += 1
+                    c = up
+            counts[k, r] = e - p
+            pos[r] = e
+        k += 1
+    return counts, k, pos

@@ -1,0 +1,96 @@
+"""The read-mode registry: the one place ``read_mode`` picks an epoch loop.
+
+``READ_MODES[config.read_mode]`` is a ``ReadMode`` whose ``plain`` plans one
+shard list's epoch and ``mixed`` a mix's (``shards/sources.py``), both with
+the elastic ``segments`` of a resumed epoch. ``"sample"``: each window planned
+across all ranks (``sample_mode.py``); ``"shard"``: each rank trains a
+contiguous piece of the window's shards (``shard_mode.py``). ``iter_windows``
+and ``summarize`` (an epoch without segments) and ``StreamingBatches._windows``
+dispatch here; nothing else compares ``read_mode`` to choose a loop.
+
+Stream: ``Window`` objects (a window's plan and each rank's reads), in epoch order.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+import numpy as np
+
+from ...planners.elastic import Segments
+from .sample_mode import WindowInput, plain_inputs, plan_windows
+from .shard_mode import affine_windows, plan_affine
+from .windows import EpochSummary, Window, WindowConfig
+
+
+def _sample_plain(counts: np.ndarray, load_lengths: Callable[[int], np.ndarray], config: WindowConfig, epoch: int,
+                  segments: Segments = (), window_of: Callable[[int], int] | None = None) -> Iterator[Window]:
+    # a replanned rest keeps the epoch's window size: window_of is shard mode's
+    return plan_windows(plain_inputs(counts, load_lengths, config, epoch), config, epoch, segments)
+
+
+def _sample_mixed(inputs: Iterator[WindowInput], config: WindowConfig, epoch: int, segments: Segments,
+                  source_of: Callable[[np.ndarray], np.ndarray], num_sources: int) -> Iterator[Window]:
+    return plan_windows(inputs, config, epoch, segments, source_of, num_sources)
+
+
+def _shard_mixed(inputs: Iterator[WindowInput], config: WindowConfig, epoch: int, segments: Segments,
+                 source_of: Callable[[np.ndarray], np.ndarray], num_sources: int) -> Iterator[Window]:
+    return plan_affine(lambda _w: next(inputs, None), config, epoch, segments, source_of, num_sources)
+
+
+@dataclass(frozen=True)
+class ReadMode:
+    """One read mode's epoch loops.
+
+    plain(counts, load_lengths, config, epoch, segments=(), window_of=None):
+        one shard list's windows; ``window_of(W)`` is the window size a run at
+        W ranks used (shard mode's default follows W).
+    mixed(inputs, config, epoch, segments, source_of, num_sources): a mix's
+        windows from its ``WindowInput`` stream.
+    """
+
+    name: str
+    plain: Callable[..., Iterator[Window]]
+    mixed: Callable[..., Iterator[Window]]
+
+
+READ_MODES: dict[str, ReadMode] = {
+    "sample": ReadMode("sample", _sample_plain, _sample_mixed),
+    "shard": ReadMode("shard", affine_windows, _shard_mixed),
+}
+
+
+def iter_windows(counts: np.ndarray, load_lengths: Callable[[int], np.ndarray], config: WindowConfig,
+                 epoch: int) -> Iterator[Window]:
+    """Plan an epoch window by window.
+
+    counts: (S,) int64 samples per shard; load_lengths(shard) -> (n,) int64.
+    Holds one window's arrays (plus at most one step of carried samples and
+    the held outliers).
+
+    With shuffling, outliers (``outlier_limit``) are held back from window to window and
+    planned together, in the last window or once they make a quarter of one:
+    a step holding an outlier lasts as long as that sample alone, so outliers
+    spread over every window would each set the time of a step of their own
+    window (on Common Voice Pashto at W = 64, 20,000-sample windows without
+    holding plan a 1.8x longer epoch than the whole corpus at once).
+    Samples longer than ``config.max_length`` are left out and counted.
+    """
+    yield from READ_MODES[config.read_mode].plain(counts, load_lengths, config, epoch)
+
+
+def summarize(counts: np.ndarray, load_lengths: Callable[[int], np.ndarray], config: WindowConfig,
+              epoch: int) -> EpochSummary:
+    """Plan the whole epoch (lengths only) and count what it trains on."""
+    steps = padded = dropped = over = 0
+    per_window = []
+    for w in iter_windows(counts, load_lengths, config, epoch):
+        steps += w.num_steps
+        over += w.too_long
+        per_window.append(w.num_steps)
+        if w.last:
+            padded, dropped = w.plan.num_padded, w.plan.num_dropped
+    samples = int(counts.sum()) - dropped - over
+    return EpochSummary(epoch, steps, samples, padded, dropped, tuple(per_window), over)

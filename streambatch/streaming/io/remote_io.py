@@ -1,0 +1,269 @@
+"""Remote-shard settings of a ``StreamingBatches`` and the per-iteration
+reader it makes (the glue between the dataset and ``cache.py``).
+
+Stream: nothing: the remote settings of a dataset and its identity checks."""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import numbers
+import os
+import shutil
+import tempfile
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+from ..errors import CacheError
+from .cache import ShardCache, ShardRef, run_dir, sweep_dead_runs
+from .reader import is_local
+from .remote import RetryPolicy, is_remote, scrub_options
+from .remote_reader import RemoteWindowReader
+
+log = logging.getLogger("streambatch.streaming")
+
+
+def lookahead(items: Iterable, enabled: bool = True) -> Iterator[tuple[Any, Any]]:
+    """(item, next item or None) pairs; with ``enabled=False`` never peeks
+    (next is always None), so a lazy iterable stays lazy."""
+    it = iter(items)
+    if not enabled:
+        for x in it:
+            yield x, None
+        return
+    sentinel = object()
+    cur = next(it, sentinel)
+    while cur is not sentinel:
+        nxt = next(it, sentinel)
+        yield cur, (None if nxt is sentinel else nxt)
+        cur = nxt
+
+
+def _check_count(name: str, value: Any, low: int, allow_none: bool = False) -> int | None:
+    if value is None and allow_none:
+        return None
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < low:
+        extra = " or None" if allow_none else ""
+        raise ValueError(f"{name} must be an integer >= {low}{extra}, got {value!r}")
+    return int(value)
+
+
+class RemoteIO:
+    """How a dataset reads its remote shards; picklable, so DataLoader
+    workers get a copy and each builds its own reader.
+
+    storage_options: passed to fsspec for every remote URL (endpoint,
+        credentials, anonymous access); never logged.
+    cache_dir: root of the node-local shard cache (default: under the
+        system temp dir); each rank of each run gets its own subdirectory,
+        removed when the process that built the dataset exits. Must be a
+        local disk with room for two windows of this rank's shards plus the
+        prefetched ones: checked at construction (``CacheError`` if it cannot
+        be created or written, a warning if it has less room than that
+        estimate); a disk that fills while reading raises ``CacheError``
+        (never skipped, never retried), after prefetch has held back.
+    prefetch_shards / prefetch_bytes: download at most this many shards
+        (bytes) ahead of the reader, per DataLoader worker.
+    retry: a ``RetryPolicy`` (or an int: the number of retries).
+    """
+
+    def __init__(self, remote: bool, directory: str | None, storage_options: dict | None, retry: RetryPolicy,
+                 prefetch_shards: int, prefetch_bytes: int | None, threads: int = 2):
+        self.remote = remote
+        self.directory = directory
+        self.storage_options = storage_options
+        self.retry = retry
+        self.prefetch_shards = prefetch_shards
+        self.prefetch_bytes = prefetch_bytes
+        self.threads = threads
+
+    @classmethod
+    def for_catalog(cls, catalog, rank: int, *, storage_options: dict | None = None, cache_dir: str | None = None,
+                    prefetch_shards: Any = 4, prefetch_bytes: Any = None, retry: Any = None, world_size: int = 1,
+                    window_samples: int | None = None, read_mode: str | None = None) -> RemoteIO:
+        """The settings of ``catalog``'s remote shards for ``rank``; its cache
+        directory is created and checked here (``check_cache_dir``), sized
+        with ``world_size`` / ``window_samples`` / ``read_mode``."""
+        if storage_options is not None and not isinstance(storage_options, dict):
+            raise TypeError(f"storage_options must be a dict of fsspec options or None, got "
+                            f"{type(storage_options).__name__}")
+        if cache_dir is not None and not isinstance(cache_dir, (str, os.PathLike)):
+            raise TypeError(f"cache_dir must be a directory path or None, got {type(cache_dir).__name__}")
+        prefetch_shards = _check_count("prefetch_shards", prefetch_shards, 1)
+        prefetch_bytes = _check_count("prefetch_bytes", prefetch_bytes, 1, allow_none=True)
+        if retry is None:
+            retry = RetryPolicy()
+        elif not isinstance(retry, RetryPolicy):
+            retry = RetryPolicy(retries=_check_count("retry", retry, 0))
+        remote = any(not is_local(u) for u in catalog.urls)
+        directory = None
+        if remote:
+            root = os.fspath(cache_dir) if cache_dir is not None else None
+            sweep_dead_runs(root)
+            directory = run_dir(root, os.getpid(), rank)
+            need = cache_estimate(catalog, world_size, window_samples, read_mode, prefetch_shards, prefetch_bytes)
+            check_cache_dir(directory, root, need, prefetch_shards)
+            atexit.register(_remove_tree, directory, os.getpid())
+        return cls(remote, directory, storage_options, retry, prefetch_shards, prefetch_bytes)
+
+    def reader(self, catalog, rank: int, worker: int, stride: int, start: int) -> RemoteWindowReader | None:
+        """A reader for one pass of one process, or None when every shard is local."""
+        if not self.remote:
+            return None
+        cache = ShardCache(self.directory, self.storage_options, retry=self.retry,
+                           prefetch_shards=self.prefetch_shards, prefetch_bytes=self.prefetch_bytes,
+                           threads=self.threads, peers=stride)
+        sizes = getattr(catalog, "sizes", None)
+        etags = getattr(catalog, "etags", None)
+
+        def ref(s: int) -> ShardRef:
+            size = int(sizes[s]) if sizes is not None and sizes[s] >= 0 else None
+            return ShardRef(catalog.urls[s], size, etags[s] if etags is not None and etags[s] else None)
+
+        remote = [not is_local(u) for u in catalog.urls]
+
+        def table(s: int, cache: ShardCache):
+            # A sidecar in object storage is downloaded once per rank (first worker, under the cache's
+            # lock) instead of once per worker and window; the rank's workers share the copy.
+            if not is_remote(catalog.sidecars[s]):
+                return catalog.table(s)
+            sidecar = ShardRef(catalog.sidecars[s])
+            cache.sidecars.add(sidecar)
+            return catalog.table(s, copy=cache.fetch(sidecar, hold=False))
+
+        return RemoteWindowReader(cache, ref, table, remote.__getitem__, rank, worker, stride, start)
+
+    def __repr__(self) -> str:
+        return (f"RemoteIO(cache={self.directory!r}, storage_options={scrub_options(self.storage_options)!r}, "
+                f"prefetch_shards={self.prefetch_shards}, prefetch_bytes={self.prefetch_bytes}, retry={self.retry})")
+
+
+def _remove_tree(path: str, owner: int) -> None:
+    if os.getpid() == owner:  # not in a forked child that inherited the handler
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def cache_estimate(catalog, world_size: int, window_samples: int | None, read_mode: str | None,
+                   prefetch_shards: int, prefetch_bytes: int | None) -> int:
+    """Bytes the rank's cache holds at most, roughly: two windows' share of
+    the remote shards (1/W of a window in shard mode; up to all of it in
+    sample mode, where every rank reads part of every shard) plus one
+    worker's prefetch. An estimate (shard sizes vary, pieces are cut by the
+    plan), so it only warns. 0 when no remote shard's size is known."""
+    urls, sizes = catalog.urls, getattr(catalog, "sizes", None)
+    if sizes is None:
+        return 0
+    known = [int(sizes[k]) for k, u in enumerate(urls) if not is_local(u) and sizes[k] >= 0]
+    if not known:
+        return 0
+    remote = sum(1 for u in urls if not is_local(u))
+    total = sum(known) * remote / len(known)
+    samples = max(1, int(getattr(catalog, "num_samples", 0)))
+    window = total * min(1.0, (window_samples or samples) / samples)
+    share = window / max(1, world_size) if read_mode in (None, "shard") else window
+    ahead = prefetch_shards * max(known)
+    if prefetch_bytes is not None:
+        ahead = min(ahead, prefetch_bytes + max(known))  # the first piece ahead starts whatever its size
+    return int(2 * share + min(ahead, total))
+
+
+def check_cache_dir(directory: str, cache_dir: str | None, need: int = 0, prefetch_shards: int = 4) -> None:
+    """Create ``directory`` and write and remove a probe file in it, or raise
+    CacheError naming it and ``cache_dir=``; log a warning when the disk has
+    fewer than ``need`` bytes free (``cache_estimate``: an estimate, so no
+    refusal: prefetch holds back on a full disk, and only a piece that cannot
+    fit at all fails, when it is read)."""
+    setting = f"cache_dir={cache_dir!r}" if cache_dir is not None else "cache_dir=None: the system temp dir"
+    try:
+        os.makedirs(directory, exist_ok=True)
+        fd, probe = tempfile.mkstemp(dir=directory, prefix=".probe-")
+        try:
+            os.write(fd, b"x")
+        finally:
+            os.close(fd)
+            os.unlink(probe)
+        free = shutil.disk_usage(directory).free
+    except OSError as exc:
+        raise CacheError(exc.errno, f"the shard cache directory {directory} ({setting}) is not usable: "
+                         f"{exc.strerror or exc}; pass cache_dir= a writable directory on a local disk",
+                         directory=directory) from None
+    if free < need:
+        log.warning("the shard cache %s (%s) has %d bytes free, less than the about %d this rank may hold (two "
+                    "windows' share of its shards plus %d prefetched per DataLoader worker); if the disk fills, "
+                    "prefetch holds back and a piece that still does not fit raises CacheError: pass cache_dir= "
+                    "on a larger disk, or lower window_samples= or prefetch_shards=", directory, setting, free,
+                    need, prefetch_shards)
+
+
+def check_identity(catalog, rank: int, world_size: int, storage_options: dict | None = None,
+                   retry: RetryPolicy | None = None, threads: int = 16) -> None:
+    """Before training: compare the size and ETag recorded at indexing with
+    the objects' current ones, for this rank's share (shard k with k % W ==
+    rank) of the remote shards; raise ShardError naming the stale ones (or
+    the unreadable ones: a server that does not answer within
+    ``retry.timeout`` fails here, within about timeout x (retries + 1)).
+
+    Shards sharing a directory are checked with one listing where the
+    backend lists sizes (S3, GCS: 1,000 objects per request), else with one
+    metadata request each, in ``threads`` threads.
+    """
+    from concurrent.futures import ThreadPoolExecutor
+
+    from ..errors import ShardError
+    from .remote import RemoteShard, call, filesystem, is_remote, object_identity, scrub_url
+
+    sizes = getattr(catalog, "sizes", None)
+    if sizes is None:
+        return
+    retry = retry or RetryPolicy()
+    etags = catalog.etags or ("",) * len(catalog.urls)
+    mine = [k for k in range(rank, len(catalog.urls), world_size)
+            if is_remote(catalog.urls[k]) and sizes[k] >= 0]
+    if not mine:
+        return
+    by_dir: dict[str, list[int]] = {}
+    for k in mine:
+        by_dir.setdefault(catalog.urls[k].split("?", 1)[0].rsplit("/", 1)[0], []).append(k)
+    found: dict[int, tuple[int | None, str | None]] = {}
+    for directory, ks in by_dir.items():
+        if len(ks) < 32:
+            continue
+        try:
+            fs, path = filesystem(directory, storage_options)
+            # one try, bounded (a timeout per 1,000 shards: a page each on S3/GCS); a listing that fails
+            # or hangs falls back to one request per shard
+            listing = {e["name"].rstrip("/").rsplit("/", 1)[-1]: object_identity(e)
+                       for e in call(fs, "ls", path, detail=True, timeout=retry.timeout * -(-len(ks) // 1000))}
+        except Exception:  # no listing here (e.g. plain HTTP): fall back to one request per shard
+            continue
+        for k in ks:
+            got = listing.get(catalog.urls[k].split("?", 1)[0].rsplit("/", 1)[-1])
+            if got is not None and got[0] is not None:
+                found[k] = got
+
+    unreadable: dict[int, str] = {}
+
+    def info(k: int):
+        try:
+            return k, RemoteShard(catalog.urls[k], storage_options, retry=retry).info()
+        except ShardError as exc:
+            unreadable[k] = str(exc)
+            return k, (None, None)
+
+    rest = [k for k in mine if k not in found]
+    if rest:
+        with ThreadPoolExecutor(min(threads, len(rest))) as pool:
+            found.update(dict(pool.map(info, rest)))
+    if unreadable:  # not stale, maybe: re-indexing is not the fix
+        first = unreadable[min(unreadable)]
+        raise ShardError(f"{len(unreadable)} of this rank's {len(mine)} remote shards cannot be read before "
+                         f"training (first: {first})")
+    stale = []
+    for k in mine:
+        size, etag = found[k]
+        if size != sizes[k] or (etag and etags[k] and etag != etags[k]):
+            stale.append(f"{scrub_url(catalog.urls[k])} ({size} bytes, ETag {etag}; indexed: {sizes[k]} "
+                         f"bytes, ETag {etags[k] or '?'})")
+    if stale:
+        raise ShardError(f"{len(stale)} shards changed since they were indexed (first: {stale[0]}); re-index "
+                         "them with `streambatch index --force` before training")

@@ -1,0 +1,2 @@
+"""Process-level state shared across DataLoader workers and ranks: shared-memory counters (epoch, resume
+position, skips) and the failure channel through ``torch.distributed``'s store."""

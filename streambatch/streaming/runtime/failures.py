@@ -1,0 +1,164 @@
+"""A cross-rank failure channel for fatal read errors in the middle of an epoch.
+
+Why: in shard mode each rank streams only its own shards, so a shard that
+cannot be read (retries exhausted, corrupt tar, decode failure) raises on the
+rank that reads it alone. The other ranks would train on and then block in the
+next collective until its timeout. So a failing pass writes its error to
+torch.distributed's key-value store (the TCPStore the process group already
+has), and every pass of every rank checks that key before each batch (one
+round trip per batch: cheap at tens of ranks) and raises a ``ShardError``
+naming the failing rank and its error. A pass that ends waits (polling, at most
+``wait`` seconds) until every rank's passes over the epoch have ended or one
+failed, so that a rank that finished early still hears of a late failure.
+
+The main process keeps only picklable connection details (host, port, a key
+namespace); each process (a forked or spawned DataLoader worker, or the main
+process with ``num_workers=0``) opens its own client lazily. No collectives.
+Keys are per dataset (fingerprint and construction count), per epoch, and per
+job attempt (a nonce agreed through the process group's own prefixed store),
+so a later epoch or a restarted job is not poisoned; they are not deleted
+(a few bytes per failed epoch). Without an initialised process group of more
+than one rank, or when its store is not a TCPStore (FileStore, HashStore), the
+channel is off: a failure raises on its own rank only, as before.
+
+Stream: a failure of one rank, raised on every rank."""
+
+from __future__ import annotations
+
+import os
+import time
+import uuid
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any
+
+from ...core.redact import logger, scrub
+from ..errors import ShardError
+
+log = logger("streambatch.streaming")
+
+_made: dict[int, int] = {}  # fingerprint -> datasets this process built with it (same order on every rank)
+
+
+class ForeignFailure(ShardError):
+    """Another rank (or another worker of this rank) failed reading its shards."""
+
+
+@dataclass
+class FailureChannel:
+    host: str
+    port: int
+    namespace: str
+    rank: int
+    world_size: int
+    # Ranks in DDP run within a few batches of each other, so a late failure
+    # lands within seconds; the bound also caps how long a DataLoader worker
+    # that prefetched to the end of its pass delays a job stopping mid-epoch
+    # (torchdata's StatefulDataLoader waits for its workers on shutdown).
+    wait: float = 60.0
+    _store: Any = field(default=None, repr=False, compare=False)
+    _pid: int = field(default=0, repr=False, compare=False)
+    _off: bool = field(default=False, repr=False, compare=False)  # the store went away (``_lost``)
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "_store": None, "_pid": 0}  # a socket does not travel to a worker
+
+    def _client(self) -> Any:
+        if self._store is None or self._pid != os.getpid():  # a forked worker opens its own connection
+            import torch.distributed as dist
+
+            self._store = dist.TCPStore(self.host, self.port, is_master=False, wait_for_workers=False,
+                                        timeout=timedelta(seconds=10))
+            self._pid = os.getpid()
+        return self._store
+
+    def _key(self, epoch: int, what: str) -> str:
+        return f"{self.namespace}/e{epoch}/{what}"
+
+    def report(self, epoch: int, exc: BaseException) -> None:
+        """Tell every rank that this rank's pass over ``epoch`` failed (best effort: the error is raised anyway)."""
+        if isinstance(exc, ForeignFailure):
+            return
+        try:
+            what = scrub(exc) if isinstance(exc, ShardError) else f"{type(exc).__name__}: {scrub(exc)}"
+            self._client().set(self._key(epoch, "failed"), f"rank {self.rank} failed reading its shards in epoch "
+                                                            f"{epoch}: {what}")
+        except Exception as err:  # the rank's own error still surfaces
+            log.warning("could not tell the other ranks of this read failure: %r", err)
+
+    def _lost(self, err: BaseException) -> None:
+        # The store lives in rank 0's process: unreachable means rank 0 has
+        # exited or its group was destroyed (a job ending, a test's old world
+        # stopping at a checkpoint). That is no read failure, and any real
+        # collective fails on its own, so this process stops listening instead
+        # of inventing an error.
+        if not self._off:
+            log.warning("rank %d: the torch.distributed store at %s:%d is gone (%r); other ranks' read failures "
+                        "are no longer heard in this process", self.rank, self.host, self.port, err)
+        self._off, self._store = True, None
+
+    def check(self, epoch: int) -> None:
+        """Raise a ``ForeignFailure`` if any rank's pass over ``epoch`` failed."""
+        if self._off:
+            return
+        key = self._key(epoch, "failed")
+        try:
+            failed = self._client().check([key])
+            message = self._client().get(key).decode("utf-8", "replace") if failed else ""
+        except Exception as err:
+            self._lost(err)
+            return
+        if failed:
+            raise ForeignFailure(f"{message} (rank {self.rank} stops too)")
+
+    def finish(self, epoch: int, passes: int) -> None:
+        """At the end of a pass (one of ``passes`` per rank: its DataLoader workers): wait until every
+        rank's passes have ended or one failed (then raise), for at most ``wait`` seconds."""
+        if self._off:
+            return
+        try:
+            ended = self._client().add(self._key(epoch, f"ended{passes}"), 1)
+        except Exception as err:
+            self._lost(err)
+            return
+        group = self.world_size * passes
+        target = -(-ended // group) * group  # this round of passes over the epoch (an epoch may be re-read)
+        deadline, pause = time.monotonic() + self.wait, 0.01
+        while True:
+            self.check(epoch)
+            try:
+                if self._off or self._client().add(self._key(epoch, f"ended{passes}"), 0) >= target:
+                    return
+            except Exception as err:
+                self._lost(err)
+                return
+            if time.monotonic() > deadline:
+                log.warning("rank %d: other ranks' passes over epoch %d had not ended after %.0f s; going on",
+                            self.rank, epoch, self.wait)
+                return
+            time.sleep(pause)
+            pause = min(pause * 2, 0.2)
+
+
+def open_channel(fingerprint: int, rank: int, world_size: int) -> FailureChannel | None:
+    """In the main process at construction: the channel, or None when there is no usable TCPStore."""
+    try:
+        import torch.distributed as dist
+        from torch.distributed import distributed_c10d as c10d
+
+        if world_size <= 1 or not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() <= 1:
+            return None
+        store = c10d._get_default_store()
+        tcp = store
+        while isinstance(tcp, dist.PrefixStore):
+            tcp = tcp.underlying_store
+        if not isinstance(tcp, dist.TCPStore):
+            return None
+        # one nonce per job attempt: the first rank to ask sets it, through the process group's own namespace
+        nonce = store.compare_set("streambatch/failures/nonce", "", uuid.uuid4().hex).decode()
+    except Exception as err:  # no store (or an unusual one): no channel, as before
+        log.debug("no cross-rank failure channel: %r", err)
+        return None
+    _made[fingerprint] = _made.get(fingerprint, 0) + 1
+    return FailureChannel(tcp.host, tcp.port, f"streambatch/{nonce}/{fingerprint:x}/{_made[fingerprint]}", rank,
+                          world_size)

@@ -1,0 +1,189 @@
+"""Several weighted shard sources streamed as one mixed epoch.
+
+``StreamingBatches([Source("s3://a/{0000..0999}.tar", weight=0.6),
+Source("data/b-*.tar", weight=0.4)], ...)``. The mixing semantics are those
+of ``streambatch.core.mix`` (cycles, per-epoch quotas, positions), at shard
+granularity for I/O:
+
+- A source's *cycle* visits its shards in an order drawn from
+  (seed, source, cycle), each shard's samples in tar order; so every sample
+  of the source comes exactly once per cycle.
+- Epoch ``e`` takes stream positions ``[e * c_i, (e + 1) * c_i)`` of source
+  ``i`` (``c_i`` its quota), continuing the cycle where the last epoch
+  stopped, possibly inside a shard.
+- The epoch is cut into ``J = max(1, E // window_samples)`` windows (``E``
+  the epoch's samples); window ``j`` takes the ``j``-th ``1/J`` of every
+  source's range, so each window mixes the sources in proportion (up to
+  rounding by one sample per source) and is planned as one set, balanced and
+  budgeted across ranks like any window. In ``read_mode="shard"`` each
+  source's part of a window is cut into W pieces on its own
+  (``streaming/epoch/shard_mode.py``), so every rank streams a slice of every source.
+
+Pure numpy plus sidecar reads (through ``Catalog``); no torch.
+
+Stream: a mix's ``WindowInput`` stream: each window's share of every source."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ...core.mix import Mix, SourceSpec, cycle_order, stream_pieces
+from ...core.redact import scrub
+from ...core.types import IntLike, UrlsLike
+from ..epoch.sample_mode import WindowInput
+from .catalog import Catalog, open_catalog
+
+
+@dataclass(frozen=True)
+class Source:
+    """One corpus of a mix: its shards and its share of an epoch.
+
+    urls: brace pattern, path or list of shard URLs (as ``StreamingBatches``).
+    weight: relative share (every source of a mix has one, or none has);
+        or ``samples``: samples per epoch; or ``repeat``: times its size per
+        epoch (default 1: every sample once per epoch).
+    index_dir: where its sidecars are (default: the dataset's ``index_dir``).
+    name: a label for reports (default: ``source{i}``).
+    """
+
+    urls: UrlsLike
+    weight: float | None = None
+    samples: int | None = None
+    repeat: float | None = None
+    index_dir: str | None = None
+    name: str | None = None
+
+    def __post_init__(self) -> None:
+        self.spec()  # validate now, naming the bad value
+
+    def spec(self) -> SourceSpec:
+        return SourceSpec(self.weight, self.samples, self.repeat)
+
+
+def is_sources(urls: Any) -> bool:
+    """True if ``urls`` is a Source or a non-empty list of Sources; a list
+    mixing Sources and plain URLs is refused."""
+    if isinstance(urls, Source):
+        return True
+    if isinstance(urls, (list, tuple)) and urls and any(isinstance(u, Source) for u in urls):
+        if not all(isinstance(u, Source) for u in urls):
+            raise TypeError("a list of sources must hold only Source(...) entries; wrap plain shard URLs in "
+                            "Source(urls) too")
+        return True
+    return False
+
+
+@dataclass(frozen=True)
+class SourceCatalog:
+    """All sources' shards as one catalog, with each source's shard range.
+
+    catalog: every shard of source 0, then source 1, ... (global shard ids);
+    bounds: (S + 1,) int64, source i owns shards ``bounds[i]:bounds[i + 1]``;
+    mix: sizes (samples per source) and per-epoch quotas; names: labels.
+    """
+
+    catalog: Catalog
+    bounds: np.ndarray
+    mix: Mix
+    names: tuple[str, ...]
+
+    def key(self) -> str:
+        return f"{self.mix.key()}{list(self.bounds.tolist())}"
+
+
+def open_sources(sources: Source | Sequence[Source], *, samples_per_epoch: IntLike | None = None,
+                 index_dir: str | None = None,
+                 **catalog_kwargs: Any) -> SourceCatalog:
+    """Open every source's sidecars (``open_catalog``) and build the mix."""
+    sources = [sources] if isinstance(sources, Source) else list(sources)
+    cats = []
+    for i, src in enumerate(sources):
+        try:
+            cats.append(open_catalog(src.urls, index_dir=src.index_dir or index_dir,
+                                     url_hint=src.urls if isinstance(src.urls, str) else None, **catalog_kwargs))
+        except (OSError, ValueError, TypeError) as exc:
+            label = src.name or f"source {i}"
+            raise type(exc)(f"{label}: {exc}") from exc
+    sizes = [c.num_samples for c in cats]
+    empty = [i for i, n in enumerate(sizes) if n == 0]
+    if empty:
+        raise ValueError(f"source {empty[0]} ({scrub(repr(sources[empty[0]].urls)[:100])}) holds no samples; remove it")
+    mix = Mix.build(sizes, [s.spec() for s in sources], samples_per_epoch)
+    catalog = _concat(cats)
+    bounds = np.concatenate([[0], np.cumsum([len(c.urls) for c in cats])]).astype(np.int64)
+    names = tuple(s.name or f"source{i}" for i, s in enumerate(sources))
+    return SourceCatalog(catalog, bounds, mix, names)
+
+
+def _concat(cats: list[Catalog]) -> Catalog:
+    """One catalog of every source's shards, in order (global shard ids)."""
+    dtype = np.result_type(*[c.all_lengths.dtype for c in cats])
+    all_lengths = np.concatenate([c.all_lengths.astype(dtype, copy=False) for c in cats])
+    counts = np.concatenate([c.counts for c in cats]).astype(np.int64)
+    starts = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+    return Catalog(tuple(u for c in cats for u in c.urls), tuple(p for c in cats for p in c.sidecars), counts,
+                   tuple(d for c in cats for d in c.digests), all_lengths, starts)
+
+
+def num_windows(samples: int, window_samples: int) -> int:
+    return max(1, samples // window_samples)
+
+
+def mixed_inputs(sc: SourceCatalog, window_samples: int, seed: int, epoch: int, shuffle: bool
+                 ) -> Iterator[WindowInput]:
+    """The epoch's windows (before planning): each holds the next
+    ``1/J`` of every source's epoch range. Reads one window's sidecar lengths
+    at a time (a shard's lengths are kept while consecutive windows use it)."""
+    mix = sc.mix
+    nwin = num_windows(mix.samples_per_epoch, window_samples)
+    cache: dict[int, np.ndarray] = {}
+    orders: dict[tuple[int, int], tuple[np.ndarray, np.ndarray]] = {}
+    for j in range(nwin):
+        ids, local, lens, used = [], [], [], set()
+        for i, c in enumerate(mix.counts):
+            a = epoch * c + (j * c) // nwin
+            b = epoch * c + ((j + 1) * c) // nwin
+            for cycle, lo, hi in stream_pieces(mix.sizes[i], a, b):
+                order, edges = _cycle(sc, orders, i, cycle, seed, shuffle)
+                # shards of this cycle overlapping sample positions [lo, hi)
+                k = int(np.searchsorted(edges, lo, side="right")) - 1
+                while k < order.shape[0] and edges[k] < hi:
+                    s = int(order[k])
+                    x, y = max(lo, int(edges[k])) - int(edges[k]), min(hi, int(edges[k + 1])) - int(edges[k])
+                    if y > x:
+                        if s not in cache:
+                            cache[s] = sc.catalog.lengths(s)
+                        used.add(s)
+                        ids.append(np.full(y - x, s, dtype=np.int64))
+                        local.append(np.arange(x, y, dtype=np.int64))
+                        lens.append(cache[s][x:y])
+                    k += 1
+        for s in [s for s in cache if s not in used]:
+            del cache[s]
+        none = np.zeros(0, dtype=np.int64)
+        yield WindowInput(j, np.concatenate([none] + ids), np.concatenate([none] + local),
+                          np.concatenate([none] + lens).astype(np.int64, copy=False), j == nwin - 1)
+
+
+def _cycle(sc: SourceCatalog, orders: dict, source: int, cycle: int, seed: int, shuffle: bool
+           ) -> tuple[np.ndarray, np.ndarray]:
+    """(shard order (global ids), (k + 1,) sample edges) of one source cycle,
+    keeping only the latest cycle of each source."""
+    key = (source, cycle)
+    if key not in orders:
+        for old in [k for k in orders if k[0] == source]:
+            del orders[old]
+        lo, hi = int(sc.bounds[source]), int(sc.bounds[source + 1])
+        order = cycle_order(hi - lo, seed, source, cycle, shuffle) + lo
+        edges = np.concatenate([[0], np.cumsum(sc.catalog.counts[order])]).astype(np.int64)
+        orders[key] = (order, edges)
+    return orders[key]
+
+
+def source_of_shards(sc: SourceCatalog, shard_ids: np.ndarray) -> np.ndarray:
+    """(n,) int64 source of each (global) shard id."""
+    return np.searchsorted(sc.bounds, np.asarray(shard_ids, dtype=np.int64), side="right") - 1

@@ -1,0 +1,139 @@
+"""The package's import graph (issue 18): no upward import between layers
+(core <- planners <- torch_glue / streaming <- integrations / cli), no cycle
+among module-level imports, and no cycle hidden by a function-level import
+but the ones listed in ``LEFT`` (each waits on work in another branch)."""
+
+from __future__ import annotations
+
+import ast
+import os
+
+ROOT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "streambatch")
+LAYER = {"core": 0, "planners": 1, "torch_glue": 2, "streaming": 2, "integrations": 3, "cli": 3}
+
+
+def modules() -> dict[str, str]:
+    out = {}
+    for folder, _, files in os.walk(ROOT):
+        for name in files:
+            if name.endswith(".py"):
+                path = os.path.join(folder, name)
+                rel = os.path.relpath(path, os.path.dirname(ROOT))[:-3].replace(os.sep, ".")
+                out[rel[: -len(".__init__")] if rel.endswith(".__init__") else rel] = path
+    return out
+
+
+MODULES = modules()
+
+
+def imports(module: str) -> list[tuple[str, bool]]:
+    """(imported streambatch module, at module level) of every import in ``module``."""
+    path = MODULES[module]
+    package = module.split(".") if path.endswith("__init__.py") else module.split(".")[:-1]
+    with open(path) as f:
+        tree = ast.parse(f.read())
+    top = set()
+    for node in tree.body:  # module level, including ``if TYPE_CHECKING:`` / try blocks at that level
+        for sub in ast.walk(node):
+            if isinstance(sub, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+                break
+            top.add(id(sub))
+    out = []
+    for node in ast.walk(tree):
+        names = []
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = ".".join(package[: len(package) - node.level + 1]) if node.level else ""
+            mod = ".".join(x for x in (base, node.module) if x)
+            names = [f"{mod}.{a.name}" if f"{mod}.{a.name}" in MODULES else mod for a in node.names]
+        for n in names:
+            while n and n not in MODULES:
+                n = n.rpartition(".")[0]
+            if n.startswith("streambatch"):
+                out.append((n, id(node) in top and not _type_checking(tree, node)))
+    return out
+
+
+def _type_checking(tree, node) -> bool:
+    for top in tree.body:
+        if (isinstance(top, ast.If) and "TYPE_CHECKING" in ast.unparse(top.test)
+                and any(sub is node for sub in ast.walk(top))):
+            return True
+    return False
+
+
+def layer(module: str) -> int | None:
+    parts = module.split(".")
+    return LAYER.get(parts[1]) if len(parts) > 1 else None
+
+
+# Upward imports left: PlanConfig.build checks the planner's options against the registry of
+# planners/__init__.py, which the start-up branch is making lazy; the registry moves down after it merges.
+LEFT_UPWARD = {("streambatch.core.config", "streambatch.planners")}
+
+
+def test_no_upward_imports():
+    bad = []
+    for m in MODULES:
+        for target, _ in imports(m):
+            if (m, target) in LEFT_UPWARD:
+                continue
+            a, b = layer(m), layer(target)
+            if a is not None and b is not None and b > a:
+                bad.append(f"{m} -> {target}")
+            if a == b == 2 and m.startswith("streambatch.torch_glue") and target.startswith("streambatch.streaming"):
+                bad.append(f"{m} -> {target} (streaming builds on torch_glue, not the reverse)")
+    assert not bad, "upward imports:\n" + "\n".join(sorted(bad))
+
+
+# Cycles closed by a function-level import, left for later: the remote pair is being rewritten in the
+# cloud-storage branch, the planner registry made lazy in the start-up branch (edits there are limited
+# to import lines until they merge).
+LEFT = {
+    frozenset({"streambatch.streaming.io.remote", "streambatch.streaming.io.streams"}),
+    frozenset({"streambatch.streaming.io.remote", "streambatch.streaming.io.ranged"}),
+    frozenset({"streambatch.core.config", "streambatch.planners"}),
+}
+
+
+def cycles(module_level_only: bool) -> list[list[str]]:
+    graph = {m: sorted({t for t, top in imports(m) if (top or not module_level_only) and t != m}) for m in MODULES}
+    # a package's __init__ importing its own submodules is how re-exports work: not an edge back
+    for m, targets in graph.items():
+        graph[m] = [t for t in targets if not (MODULES[m].endswith("__init__.py") and t.startswith(m + "."))]
+        # a submodule importing its parent package means importing the parent's __init__
+    color: dict[str, int] = {}
+    found = []
+
+    def visit(m, stack):
+        color[m] = 1
+        stack.append(m)
+        for t in graph[m]:
+            if color.get(t) == 1:
+                found.append(stack[stack.index(t):])
+            elif t not in color:
+                visit(t, stack)
+        stack.pop()
+        color[m] = 2
+
+    for m in sorted(graph):
+        if m not in color:
+            visit(m, [])
+    return found
+
+
+def test_no_cycles_among_module_level_imports():
+    assert not cycles(True), "import cycles:\n" + "\n".join(" -> ".join(c) for c in cycles(True))
+
+
+def test_no_cycles_behind_function_level_imports():
+    new = [c for c in cycles(False) if frozenset(c) not in LEFT]
+    assert not new, "import cycles:\n" + "\n".join(" -> ".join(c) for c in new)
+
+
+def test_the_graph_sees_imports():
+    # the walker finds the edges it is about (a test that cannot fail by seeing none)
+    edges = {t for t, _ in imports("streambatch.streaming.dataset")}
+    assert "streambatch.streaming.epoch.windows" in edges and "streambatch.core.plan" in edges
+    assert layer("streambatch.cli.main") == 3 and layer("streambatch.core.cost") == 0
