@@ -39,7 +39,7 @@ _PLAN = r"""
 import json, sys, time
 import numpy as np
 from streambatch import make_plan
-from streambatch.cli.benchmark import audio_lengths
+from streambatch.cli.timing import audio_lengths
 lengths = audio_lengths(int(sys.argv[2]))
 c0 = time.process_time()
 a = make_plan(lengths, 16000, 64, 8, planner=sys.argv[1])
