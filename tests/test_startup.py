@@ -12,6 +12,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -54,6 +56,7 @@ print(json.dumps(out))
 """
 
 
+@pytest.mark.slow  # fresh interpreters (subprocesses): the slow tier, with the other subprocess runs
 def test_import_loads_no_numba_and_no_kernel_module():
     kernels = kernel_modules()
     assert "streambatch.planners.greedy.kernels" in kernels and "streambatch.core.shuffle" in kernels
