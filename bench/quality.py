@@ -171,7 +171,10 @@ def run_fixed(lengths: np.ndarray, w: int) -> dict:
     return over_epochs(lengths, plan)
 
 
-def run_lhotse(lengths: np.ndarray, w: int) -> dict | None:
+def lhotse_planner(lengths: np.ndarray, w: int, budget: int = BUDGET, cap: int = CAP, seed: int = SEED):
+    """``plan(epoch) -> [step][rank] sample arrays`` from lhotse's
+    DynamicBucketingSampler over cuts of ``lengths`` (frames at FRAME_RATE);
+    None when lhotse is not installed."""
     try:
         from lhotse import CutSet, MonoCut
         from lhotse.dataset import DynamicBucketingSampler
@@ -182,8 +185,8 @@ def run_lhotse(lengths: np.ndarray, w: int) -> dict | None:
                             for i, x in enumerate(lengths))
 
     def plan(epoch):
-        sampler = DynamicBucketingSampler(cuts, max_duration=BUDGET / FRAME_RATE, max_cuts=CAP, num_buckets=30,
-                                          shuffle=True, seed=SEED, world_size=w, rank=0)
+        sampler = DynamicBucketingSampler(cuts, max_duration=budget / FRAME_RATE, max_cuts=cap, num_buckets=30,
+                                          shuffle=True, seed=seed, world_size=w, rank=0)
         sampler.set_epoch(epoch)
         iter(sampler)
         batches = []
@@ -193,7 +196,12 @@ def run_lhotse(lengths: np.ndarray, w: int) -> dict | None:
             except StopIteration:
                 return steps_from_stream(batches, w)
 
-    return over_epochs(lengths, plan)
+    return plan
+
+
+def run_lhotse(lengths: np.ndarray, w: int) -> dict | None:
+    plan = lhotse_planner(lengths, w)
+    return None if plan is None else over_epochs(lengths, plan)
 
 
 COLUMNS = (("padding", "{:.3f}"), ("balance", "{:.3f}"), ("budget", "{:.3f}"), ("steps", "{:d}"),

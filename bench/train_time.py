@@ -40,7 +40,6 @@ import argparse
 import os
 import sys
 import time
-import warnings
 
 import numpy as np
 
@@ -48,7 +47,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from model import make_step  # noqa: E402
-from quality import steps_from_stream, steps_of  # noqa: E402
+from quality import lhotse_planner, steps_from_stream, steps_of  # noqa: E402
 
 from streambatch.core.cost import CostModel  # noqa: E402
 from streambatch.planners import make_plan  # noqa: E402
@@ -72,24 +71,9 @@ def corpus(name: str) -> np.ndarray:
 
 
 def lhotse_steps(lengths: np.ndarray, w: int, budget: int, cap: int, seed: int):
-    try:
-        from lhotse import CutSet, MonoCut
-        from lhotse.dataset import DynamicBucketingSampler
-    except ImportError:
-        return None
-    warnings.filterwarnings("ignore", module="lhotse")
-    cuts = CutSet.from_cuts(MonoCut(id=str(i), start=0.0, duration=float(x) / FPS, channel=0)
-                            for i, x in enumerate(lengths))
-    sampler = DynamicBucketingSampler(cuts, max_duration=budget / FPS, max_cuts=cap, num_buckets=30, shuffle=True,
-                                      seed=seed, world_size=w, rank=0)
-    sampler.set_epoch(0)
-    iter(sampler)
-    batches = []
-    while True:
-        try:
-            batches.append(np.array([int(c.id) for c in sampler._next_batch()], dtype=np.int64))
-        except StopIteration:
-            return steps_from_stream(batches, w)
+    """lhotse's epoch 0 as [step][rank] sample arrays (``quality.lhotse_planner``), or None without lhotse."""
+    plan = lhotse_planner(lengths, w, budget, cap, seed)
+    return None if plan is None else plan(0)
 
 
 def fixed_steps(lengths: np.ndarray, w: int, budget: int, cap: int, seed: int):
