@@ -8,6 +8,7 @@ variants are interleaved within each pair so a busy machine loads them alike, an
 import row is also given as its excess over the bare ``import torch`` of the same pairs.
 "Cold" is a fresh, empty NUMBA_CACHE_DIR (every kernel compiles); "warm" the same folder
 on a second process; "after warmup" a fresh folder filled by ``streambatch warmup`` first.
+With ``--old CHECKOUT`` every row is measured on both checkouts, alternating within each pair.
 The first plan is split into compile-and-load (first plan minus a second identical plan
 in the same process) and run (the second plan).
 """
@@ -100,32 +101,44 @@ def importtime(top: int) -> None:
     print(f"\nnumba imported: {'yes' if any(r[2] == 'numba' for r in rows) else 'no'}\n")
 
 
-def plan_table(pairs: int, n: int, planners: list[str]) -> None:
+def _first_plan(planner: str, n: int, cache: str, root: str) -> tuple[float, float, float]:
+    """(whole process, first plan, second plan) CPU seconds of one fresh process."""
+    whole, out = child_cpu(["-c", _PLAN, planner, str(n)], {"NUMBA_CACHE_DIR": cache}, root=root)
+    r = json.loads(out.strip().splitlines()[-1])
+    return whole, r["first"], r["second"]
+
+
+def plan_table(pairs: int, n: int, planners: list[str], old: str | None, warmup: bool) -> None:
+    """Cold (empty cache), warm (second process) and after-warmup first plans, each pair of runs
+    interleaving this checkout with ``old`` (if given) so that both see the same load."""
+    sides = [("", HERE)] + ([(" (old)", os.path.abspath(old))] if old else [])
     print(f"### First plan, {n:,} samples, W=8 (fresh processes, CPU s, median of {pairs})\n")
-    print("| planner | cache | whole process | first plan | of which compile+load | run (second plan) |")
-    print("|---|---|---|---|---|---|")
+    print("| planner | checkout | cache | whole process | first plan | of which compile+load | run (second plan) "
+          "| runs (first plan) |")
+    print("|---|---|---|---|---|---|---|---|")
     with tempfile.TemporaryDirectory() as tmp:
         for planner in planners:
-            rows: dict[str, list[tuple[float, float, float]]] = {"cold": [], "warm": [], "after warmup": []}
+            rows: dict[tuple[str, str], list[tuple[float, float, float]]] = {}
             for i in range(pairs):
-                cache = os.path.join(tmp, f"{planner}-{i}")
-                for kind in ("cold", "warm"):
-                    whole, out = child_cpu(["-c", _PLAN, planner, str(n)], {"NUMBA_CACHE_DIR": cache})
-                    r = json.loads(out.strip().splitlines()[-1])
-                    rows[kind].append((whole, r["first"], r["second"]))
-                warmed = os.path.join(tmp, f"{planner}-w{i}")
-                whole_w, _ = child_cpu(["-m", "streambatch.cli", "warmup"], {"NUMBA_CACHE_DIR": warmed})
-                whole, out = child_cpu(["-c", _PLAN, planner, str(n)], {"NUMBA_CACHE_DIR": warmed})
-                r = json.loads(out.strip().splitlines()[-1])
-                rows["after warmup"].append((whole, r["first"], r["second"]))
-                rows.setdefault("warmup itself", []).append((whole_w, float("nan"), float("nan")))
-            for kind, rs in rows.items():
+                for tag, root in sides:
+                    cache = os.path.join(tmp, f"{planner}-{i}{tag.strip(' ()')}")
+                    for kind in ("cold", "warm"):
+                        rows.setdefault((tag, kind), []).append(_first_plan(planner, n, cache, root))
+                    if not warmup:
+                        continue
+                    warmed = cache + "-w"
+                    whole_w, _ = child_cpu(["-m", "streambatch.cli", "warmup"], {"NUMBA_CACHE_DIR": warmed}, root=root)
+                    rows.setdefault((tag, "after warmup"), []).append(_first_plan(planner, n, warmed, root))
+                    rows.setdefault((tag, "warmup itself"), []).append((whole_w, float("nan"), float("nan")))
+            for (tag, kind), rs in rows.items():
                 whole, first, second = (statistics.median(x) for x in zip(*rs))
+                side = "old" if tag else "this"
                 if kind == "warmup itself":
-                    print(f"| {planner} | `streambatch warmup` (all kernels) | {whole:.2f} | - | - | - |")
+                    print(f"| {planner} | {side} | `streambatch warmup` (all kernels) | {whole:.2f} | - | - | - | - |")
                     continue
-                print(f"| {planner} | {kind} | {whole:.2f} | {first:.2f} | {first - second:.2f} | {second:.2f} |",
-                      flush=True)
+                runs = ", ".join(f"{r[1]:.2f}" for r in rs)
+                print(f"| {planner} | {side} | {kind} | {whole:.2f} | {first:.2f} | {first - second:.2f} | "
+                      f"{second:.2f} | {runs} |", flush=True)
     print()
 
 
@@ -135,7 +148,8 @@ def main() -> None:
     ap.add_argument("--n", type=int, default=100_000)
     ap.add_argument("--importtime", type=int, default=10, help="rows of the -X importtime table")
     ap.add_argument("--planners", nargs="*", default=["greedy", "bucketed"])
-    ap.add_argument("--old", help="another checkout (e.g. `git archive` of an older commit) for the import rows")
+    ap.add_argument("--old", help="another checkout (e.g. `git archive` of an older commit), interleaved with this one")
+    ap.add_argument("--no-warmup", action="store_true", help="skip the after-`streambatch warmup` rows")
     ap.add_argument("--skip", nargs="*", default=[], choices=["import", "importtime", "plan"])
     a = ap.parse_args()
     print(f"python {sys.version.split()[0]}, {os.cpu_count()} CPUs, load {os.getloadavg()[0]:.1f}\n")
@@ -144,7 +158,7 @@ def main() -> None:
     if "importtime" not in a.skip:
         importtime(a.importtime)
     if "plan" not in a.skip:
-        plan_table(a.pairs, a.n, a.planners)
+        plan_table(a.pairs, a.n, a.planners, a.old, not a.no_warmup)
 
 
 if __name__ == "__main__":
