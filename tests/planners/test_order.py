@@ -64,7 +64,7 @@ def ours(lengths, size, seed, dtype=np.int64):
     n = lengths.shape[0]
     out = np.empty(n + 2, dtype=dtype)
     tmp = np.empty(n + 2, dtype=dtype)
-    sortish_order(lengths, size, mt, out, tmp)
+    sortish_order(lengths, size, mt, out, tmp, np.empty(-(-n // size), dtype=dtype))
     return out[:n].tolist(), mt
 
 

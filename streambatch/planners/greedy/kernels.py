@@ -40,7 +40,7 @@ from ..bucketed.common import _grow, _helper, _new
 _BLOCK = 4096  # lengths are gathered a block at a time so cache misses overlap
 
 
-@njit(cache=True, error_model="numpy")
+@njit(cache=True, no_cfunc_wrapper=True, error_model="numpy")
 def greedy_steps(order, lengths, world_size, max_tokens, max_size, out):
     """Plan global steps greedily over ``order``.
 

@@ -1,8 +1,9 @@
 """CPython's ``random.Random`` (MT19937) reproduced inside Numba.
 
 The seed-exact planner must consume the very same random stream as
-``random.Random(seed + epoch)``: integer seeding (``init_by_array``),
-``getrandbits`` and ``shuffle``'s rejection sampling (``_randbelow``).
+``random.Random(seed + epoch)``: ``getrandbits`` and ``shuffle``'s rejection
+sampling (``_randbelow``) run here; the seeded state itself (``init_by_array``)
+is CPython's own, read back with ``getstate()``.
 
 State layout: one ``int64`` array of 625 entries; ``state[:624]`` are the 32-bit
 words, ``state[624]`` is the read position. Words are kept in int64 so that the
@@ -11,10 +12,12 @@ words, ``state[624]`` is the read position. Words are kept in int64 so that the
 
 from __future__ import annotations
 
+import random
+
 import numpy as np
 from numba import njit
 
-from ..bucketed.common import _helper, _new
+from ..bucketed.common import _helper
 
 _N = 624
 _M = 397
@@ -40,40 +43,17 @@ def seed_key(seed: int) -> np.ndarray:
     return np.array(words or [0], dtype=np.uint32)
 
 
-@njit(cache=True, error_model="numpy")
-def mt_new(key):
+def mt_new(key: np.ndarray) -> np.ndarray:
     """MT19937 state seeded like ``random.Random(n)`` from ``seed_key(n)``.
+
+    CPython's own ``init_by_array``, read back with ``getstate()`` (whose
+    internal state is exactly this layout): no kernel to compile for it on
+    the first plan.
 
     key: (k,) uint32. Returns: (625,) int64 state.
     """
-    mt = _new(_N + 1)
-    mt[0] = 19650218
-    for i in range(1, _N):
-        prev = mt[i - 1]
-        mt[i] = (1812433253 * (prev ^ (prev >> 30)) + i) & _MASK32
-    i = 1
-    j = 0
-    klen = key.shape[0]
-    for _ in range(_N if klen < _N else klen):
-        prev = mt[i - 1]
-        mt[i] = ((mt[i] ^ (((prev ^ (prev >> 30)) * 1664525) & _MASK32)) + np.int64(key[j]) + j) & _MASK32
-        i += 1
-        j += 1
-        if i >= _N:
-            mt[0] = mt[_N - 1]
-            i = 1
-        if j >= klen:
-            j = 0
-    for _ in range(_N - 1):
-        prev = mt[i - 1]
-        mt[i] = ((mt[i] ^ (((prev ^ (prev >> 30)) * 1566083941) & _MASK32)) - i) & _MASK32
-        i += 1
-        if i >= _N:
-            mt[0] = mt[_N - 1]
-            i = 1
-    mt[0] = 0x80000000
-    mt[_N] = _N
-    return mt
+    n = int.from_bytes(np.ascontiguousarray(key, dtype="<u4").tobytes(), "little")
+    return np.array(random.Random(n).getstate()[1], dtype=np.int64)
 
 
 @_helper
@@ -120,7 +100,7 @@ def _bit_length(n):
     return k
 
 
-@njit(cache=True, error_model="numpy")
+@njit(cache=True, no_cfunc_wrapper=True, error_model="numpy")
 def shuffle_slice(mt, x, lo, hi):
     """``random.shuffle(x[lo:hi])`` in place, consuming the same stream.
 
@@ -146,19 +126,19 @@ def shuffle_slice(mt, x, lo, hi):
 # called: kernels use the helpers, which have no CPython wrapper to compile).
 
 
-@njit(cache=True, error_model="numpy")
+@njit(cache=True, no_cfunc_wrapper=True, error_model="numpy")
 def genrand_uint32(mt):
     """``_genrand``."""
     return _genrand(mt)
 
 
-@njit(cache=True, error_model="numpy")
+@njit(cache=True, no_cfunc_wrapper=True, error_model="numpy")
 def getrandbits(mt, k):
     """``_getrandbits``."""
     return _getrandbits(mt, np.int64(k))
 
 
-@njit(cache=True, error_model="numpy")
+@njit(cache=True, no_cfunc_wrapper=True, error_model="numpy")
 def randbelow(mt, n):
     """``random.Random._randbelow(n)`` (rejection sampling), 1 <= n < 2**63."""
     k = _bit_length(np.int64(n))

@@ -6,14 +6,14 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from ..bucketed.common import _new, _zeros
+from ..bucketed.common import _zeros
 from .mt19937 import shuffle_slice
 
 _DIGIT_BITS = 11  # 2,048 buckets: the histogram stays in L1 cache
 _RADIX = 1 << _DIGIT_BITS
 
 
-@njit(cache=True, error_model="numpy")
+@njit(cache=True, no_cfunc_wrapper=True, error_model="numpy")
 def radix_argsort(keys, out, tmp):
     """Stable argsort of non-negative int64 ``keys`` into ``out``.
 
@@ -63,13 +63,15 @@ def radix_argsort(keys, out, tmp):
             out[i] = src[i]
 
 
-@njit(cache=True, error_model="numpy")
-def sortish_order(lengths, chunk_size, mt, out, tmp):
+@njit(cache=True, no_cfunc_wrapper=True, error_model="numpy")
+def sortish_order(lengths, chunk_size, mt, out, tmp, perm):
     """The seed's shuffled order: sort by length (stable), shuffle each chunk of
     ``chunk_size`` in place, then shuffle the order of the chunks.
 
     lengths: (n,) int64. mt: MT19937 state, advanced. out, tmp: (>= n,)
-    integer scratch. The order lands in ``out[:n]``; ``tmp`` is clobbered.
+    integer scratch. perm: (>= ceil(n / chunk_size),) scratch of the same
+    dtype as tmp (from the caller: ``shuffle_slice`` then compiles for one
+    array type, not two). The order lands in ``out[:n]``; ``tmp`` is clobbered.
     """
     n = lengths.shape[0]
     radix_argsort(lengths, tmp, out)
@@ -77,7 +79,6 @@ def sortish_order(lengths, chunk_size, mt, out, tmp):
     for c in range(n_chunks):
         hi = (c + 1) * chunk_size
         shuffle_slice(mt, tmp, c * chunk_size, hi if hi < n else n)
-    perm = _new(n_chunks)
     for c in range(n_chunks):
         perm[c] = c
     shuffle_slice(mt, perm, np.int64(0), n_chunks)

@@ -45,7 +45,8 @@ def plan_greedy(lengths: np.ndarray, max_batch_tokens: int, max_batch_size: int,
     buf_a = np.empty(n + w, dtype=dtype)
     buf_b = np.empty(n + w, dtype=dtype)
     if shuffle:
-        sortish_order(lengths, seed_chunk_size(w, max_batch_size), mt, buf_a, buf_b)
+        chunk = seed_chunk_size(w, max_batch_size)
+        sortish_order(lengths, chunk, mt, buf_a, buf_b, np.empty(-(-n // chunk), dtype=dtype))
     else:
         buf_a[:n] = np.arange(n, dtype=dtype)
     # A size cap above N never binds; clamping keeps kernel buffers bounded.
@@ -55,7 +56,8 @@ def plan_greedy(lengths: np.ndarray, max_batch_tokens: int, max_batch_size: int,
     counts = flat[: n_steps * w].reshape(n_steps, w)
     del buf_a
     samples, counts, padded, leftover = finish_last_step(buf_b, counts, n, drop_last)
-    step_order = np.arange(counts.shape[0], dtype=np.int64)
+    # In the index dtype: the one array type shuffle_slice is compiled for (sortish_order's).
+    step_order = np.arange(counts.shape[0], dtype=dtype)
     if shuffle:
         shuffle_slice(mt, step_order, 0, step_order.shape[0])
     return assemble(samples, counts, step_order, w, padded, leftover)
