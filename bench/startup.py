@@ -2,6 +2,7 @@
 
     python bench/startup.py                 # import pairs + cold/warm first plan per planner
     python bench/startup.py --pairs 5 --n 100000 --importtime 12
+    python bench/startup.py --skip import importtime plan --concurrent 4   # node-wide compile lock on/off
 
 CPU seconds (user + sys of each child, from getrusage), medians of --pairs runs; the
 variants are interleaved within each pair so a busy machine loads them alike, and each
@@ -142,6 +143,42 @@ def plan_table(pairs: int, n: int, planners: list[str], old: str | None, warmup:
     print()
 
 
+def concurrent_table(pairs: int, n: int, planners: list[str], procs: int) -> None:
+    """``procs`` processes of one node start at once on an empty shared cache (ranks of a job in a fresh
+    container): total CPU and wall time until the last has planned, with the node lock of
+    ``core/compile_once.py`` and without it (STREAMBATCH_COMPILE_LOCK=0), alternating."""
+    import time
+
+    print(f"### {procs} processes at once on an empty shared cache, {n:,} samples, W=8 (CPU s summed over "
+          f"the processes, wall s to the last; median of {pairs})\n")
+    print("| planner | compile lock | CPU s (all processes) | wall s | first plans (CPU s) |")
+    print("|---|---|---|---|---|")
+    with tempfile.TemporaryDirectory() as tmp:
+        for planner in planners:
+            rows: dict[str, list[tuple[float, float, list[float]]]] = {"on": [], "off": []}
+            for i in range(pairs):
+                for lock in (("on", "off") if i % 2 == 0 else ("off", "on")):
+                    env = dict(os.environ, PYTHONPATH=HERE, NUMBA_CACHE_DIR=os.path.join(tmp, f"{planner}{i}{lock}"),
+                               STREAMBATCH_COMPILE_LOCK="1" if lock == "on" else "0")
+                    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+                    t = time.perf_counter()
+                    ps = [subprocess.Popen([sys.executable, "-c", _PLAN, planner, str(n)], stdout=subprocess.PIPE,
+                                           text=True, env=env, cwd=HERE) for _ in range(procs)]
+                    outs = [p.communicate()[0] for p in ps]
+                    wall = time.perf_counter() - t
+                    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+                    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+                    firsts = [json.loads(o.strip().splitlines()[-1])["first"] for o in outs]
+                    rows[lock].append((cpu, wall, firsts))
+            for lock, rs in rows.items():
+                cpu = statistics.median(r[0] for r in rs)
+                wall = statistics.median(r[1] for r in rs)
+                firsts = sorted(rs, key=lambda r: r[0])[len(rs) // 2][2]
+                print(f"| {planner} | {lock} | {cpu:.2f} | {wall:.2f} | {', '.join(f'{f:.2f}' for f in firsts)} |",
+                      flush=True)
+    print()
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--pairs", type=int, default=3)
@@ -150,6 +187,8 @@ def main() -> None:
     ap.add_argument("--planners", nargs="*", default=["greedy", "bucketed"])
     ap.add_argument("--old", help="another checkout (e.g. `git archive` of an older commit), interleaved with this one")
     ap.add_argument("--no-warmup", action="store_true", help="skip the after-`streambatch warmup` rows")
+    ap.add_argument("--concurrent", type=int, default=0, metavar="K",
+                    help="also start K processes at once on an empty cache, with and without the compile lock")
     ap.add_argument("--skip", nargs="*", default=[], choices=["import", "importtime", "plan"])
     a = ap.parse_args()
     print(f"python {sys.version.split()[0]}, {os.cpu_count()} CPUs, load {os.getloadavg()[0]:.1f}\n")
@@ -159,6 +198,8 @@ def main() -> None:
         importtime(a.importtime)
     if "plan" not in a.skip:
         plan_table(a.pairs, a.n, a.planners, a.old, not a.no_warmup)
+    if a.concurrent:
+        concurrent_table(a.pairs, a.n, a.planners, a.concurrent)
 
 
 if __name__ == "__main__":

@@ -5,8 +5,10 @@ Run it once per environment (an image build, a node's start-up, after
 use: later processes then load compiled kernels instead of compiling them.
 Example: ``NUMBA_CACHE_DIR=/shared/numba streambatch warmup`` in the image build.
 The calls below reach each kernel with the argument types the library passes
-(int32 indices below 2**31 samples, np.uint64 keys, int64 lengths), so a tiny
-input fills the same cache entries as a large one.
+(int32 indices below 2**31 samples, np.uint64 keys, int64 lengths; lengths
+below and above 2**15), so a tiny input fills the same cache entries as a
+large one. Processes that start while it runs wait for it (the node lock of
+``core/compile_once.py``) and load what it compiled.
 """
 
 from __future__ import annotations
@@ -38,12 +40,16 @@ def warm_all() -> None:
     from ..streaming.epoch.affinity.plan import warm_up
 
     lengths = np.arange(1, 301, dtype=np.int64) % 97 + 1
+    # Lengths of 2**15 and over (e.g. audio in samples) reach the bucketed kernels as int32, not int16.
+    long = lengths.copy()
+    long[-1] = 2**15
     for planner in sorted(PLANNERS):
         for shuffle in (True, False):
             for drop_last in (False, True):
                 for w in (1, 2):
                     plan = make_plan(lengths, 400, 8, w, shuffle, drop_last, planner=planner)
                     plan.fingerprint()
+            make_plan(long, 400, 8, 2, shuffle, planner=planner)
     mix = Mix.build((150, 150))
     drawn = mix.draw(0, 0, True)
     plan = make_plan(lengths[drawn], 400, 8, 2, planner="greedy")

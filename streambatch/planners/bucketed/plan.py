@@ -155,8 +155,7 @@ def plan_bucketed(lengths: np.ndarray, max_batch_tokens: int, max_batch_size: in
     batches; with ``drop_last`` the tail that cannot complete a step is left
     out and returned as ``leftover``.
     """
-  # lazy for start-up: no numba before the first plan
-    from .kernels import bucket_sort, plan_steps, step_permutation, table_size
+    from ...core.compile_once import compile_once
 
     width, cost, max_step_cost = check_options(options)
     n = lengths.shape[0]
@@ -174,12 +173,31 @@ def plan_bucketed(lengths: np.ndarray, max_batch_tokens: int, max_batch_size: in
         max_cost = int(min(np.floor(max_step_cost / cost.seconds_per_unit * cost.scale), INT64_MAX))
         if max_cost < 1:
             raise ValueError(f"max_step_cost={max_step_cost} is below the cost of any batch ({cost}); raise it")
-    key = plan_key(seed, epoch)
-    phase = float(subkey(key, 1) >> np.uint64(11)) / 2.0**53 if shuffle else 0.0
-    edges = bucket_edges(lmax, width, phase)
     # Sorted lengths in the narrowest dtype that holds them: the step kernel
     # streams through them several times.
     len_dtype = np.int16 if lmax < 2**15 else np.int32 if lmax < 2**31 else np.int64
+    # The kernels this plan calls, compiled once per node (or loaded) on a tiny
+    # input with the same argument types: see ``core/compile_once.py``.
+    compile_once("bucketed", (np.dtype(dtype).name, np.dtype(len_dtype).name, shuffle),
+                 lambda: _lay_out(np.arange(1, 41, dtype=np.int64), 40, 400, 8, 2, (1, 0), True, INT64_MAX, shuffle,
+                                  False, plan_key(0, 0), DEFAULT_BUCKET_WIDTH, dtype, len_dtype))
+    # A per-step cost (a measured step model's c0) makes needless steps cost time: no head steps of long
+    # samples one per rank after the outliers (under B*L^2 alone they cost the same as fuller steps).
+    return _lay_out(lengths, lmax, tokens, cap, w, cost.coefficients, cost.per_step <= 0, max_cost, shuffle, drop_last,
+                    plan_key(seed, epoch), width, dtype, len_dtype)
+
+
+def _lay_out(lengths: np.ndarray, lmax: int, tokens: int, cap: int, w: int, coefficients: tuple[int, int],
+             long_head: bool, max_cost: int, shuffle: bool, drop_last: bool, key: np.uint64, width: float,
+             dtype: type, len_dtype: type) -> Plan:
+    """The kernel calls of ``plan_bucketed``: sort into buckets, lay steps out
+    from both ends, finish the rest, shuffle the step order."""
+  # lazy for start-up: no numba before the first plan
+    from .kernels import bucket_sort, plan_steps, step_permutation, table_size
+
+    n = lengths.shape[0]
+    phase = float(subkey(key, 1) >> np.uint64(11)) / 2.0**53 if shuffle else 0.0
+    edges = bucket_edges(lmax, width, phase)
     order = np.empty(n, dtype=dtype)
     slen = np.empty(n, dtype=len_dtype)
     out = np.empty(n + w, dtype=dtype)
@@ -190,9 +208,7 @@ def plan_bucketed(lengths: np.ndarray, max_batch_tokens: int, max_batch_size: in
     # Lay steps out from the short end up and from the long end down; the
     # tails of both (under two steps each) meet where lengths are densest
     # and are finished there together, so no runt step lands in a sparse tail.
-    # A per-step cost (a measured step model's c0) makes needless steps cost time: no head steps of long
-    # samples one per rank after the outliers (under B*L^2 alone they cost the same as fuller steps).
-    args = (w, tokens, cap, *cost.coefficients, max_cost, cost.per_step <= 0)
+    args = (w, tokens, cap, *coefficients, max_cost, long_head)
     step_key = subkey(key, 3)
     low, k, n_low, stop_low = plan_steps(order[:m], slen[:m], *args, False, False, False, shuffle, step_key, 0, out)
     low = low[: k * w].reshape(k, w)

@@ -31,15 +31,25 @@ def plan_greedy(lengths: np.ndarray, max_batch_tokens: int, max_batch_size: int,
     lengths: (N,) int64 >= 0. Returns a Plan whose steps all have W non-empty
     batches.
     """
+    from ...core.compile_once import compile_once
+
+    dtype = index_dtype(lengths.shape[0])
+    # The kernels this plan calls, compiled once per node (or loaded) on a tiny
+    # input with the same argument types: see ``core/compile_once.py``.
+    compile_once("greedy", (np.dtype(dtype).name, shuffle),
+                 lambda: _plan(np.arange(1, 41, dtype=np.int64), 400, 8, 2, shuffle, False, 0, dtype))
+    return _plan(lengths, max_batch_tokens, max_batch_size, world_size, shuffle, drop_last, seed + epoch, dtype)
+
+
+def _plan(lengths: np.ndarray, max_batch_tokens: int, max_batch_size: int, w: int, shuffle: bool, drop_last: bool,
+          seed: int, dtype: type) -> Plan:
   # lazy for start-up: no numba before the first plan
     from .kernels import greedy_steps
     from .mt19937 import mt_new, seed_key, shuffle_slice
     from .order import sortish_order
 
     n = lengths.shape[0]
-    w = world_size
-    mt = mt_new(seed_key(seed + epoch))
-    dtype = index_dtype(n)
+    mt = mt_new(seed_key(seed))
     # Two index buffers serve the whole pipeline (sort, chunk shuffle, plan):
     # with int32 indices, planning costs ~8 bytes per sample beyond the lengths.
     buf_a = np.empty(n + w, dtype=dtype)
