@@ -4,9 +4,13 @@ from __future__ import annotations
 
 from numba import njit
 
+# Kernel helpers only other kernels call: no CPython or C wrapper to compile,
+# and no cache entry of their own (see ``planners/bucketed/common.py``).
+_helper = njit(no_cpython_wrapper=True, no_cfunc_wrapper=True)
 
-@njit(cache=True)
-def _mix(h, v):
+
+@_helper
+def _splitmix(h, v):
     # splitmix64 finaliser over (h + v); uint64 arithmetic wraps as intended.
     z = (h ^ v) + 0x9E3779B97F4A7C15
     z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9
@@ -14,10 +18,16 @@ def _mix(h, v):
     return z ^ (z >> 31)
 
 
-@njit(cache=True)
+@njit(cache=True, no_cfunc_wrapper=True)
+def _mix(h, v):
+    """``_splitmix`` callable from Python (tests, ``planners/bucketed/plan.py``'s twin)."""
+    return _splitmix(h, v)
+
+
+@njit(cache=True, no_cfunc_wrapper=True)
 def hash_array(values, h):
     """Fold (n,) integer ``values`` into the uint64 running hash ``h``."""
-    h = _mix(h, values.shape[0])
+    h = _splitmix(h, values.shape[0])
     for i in range(values.shape[0]):
-        h = _mix(h, values[i])
+        h = _splitmix(h, values[i])
     return h

@@ -22,34 +22,41 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from .hashing import _mix
+from .hashing import _helper, _splitmix
 
 _U64 = 1 << 64
 _ROUNDS = 6
 SMALL = 1 << 16
 
 
-@njit(cache=True)
+@_helper
 def _below(key, i, n):
     """A draw in [0, n) from (uint64 key, counter i); 1 <= n < 2**32 (multiply-shift)."""
-    r = _mix(key, np.uint64(i))
+    r = _splitmix(key, np.uint64(i))
     return np.int64(((r >> np.uint64(32)) * np.uint64(n)) >> np.uint64(32))
 
 
-@njit(cache=True)
+@njit(cache=True, no_cfunc_wrapper=True)
 def fisher_yates_range(n, key, lo, hi, out):
     """out[:] = positions lo..hi of a Fisher-Yates permutation of 0..n-1
-    drawn from the uint64 ``key`` (forward; stops after step hi)."""
-    a = np.arange(n)
-    for i in range(min(hi, n - 1)):
+    drawn from the uint64 ``key`` (forward; stops after step hi).
+
+    Loops instead of np.arange, min() and a slice assignment: the slice's
+    shape check alone compiled Numba's whole string formatting (~2.5 s of a
+    cold first mix)."""
+    a = np.empty(n, dtype=np.int64)
+    for i in range(n):
+        a[i] = i
+    for i in range(hi if hi < n - 1 else n - 1):
         j = i + _below(key, i, n - i)
         t = a[i]
         a[i] = a[j]
         a[j] = t
-    out[:] = a[lo:hi]
+    for i in range(lo, hi):
+        out[i - lo] = a[i]
 
 
-@njit(cache=True)
+@njit(cache=True, no_cfunc_wrapper=True)
 def feistel_range(n, key, lo, hi, out):
     """out[i - lo] = position ``i`` of the Feistel permutation of 0..n-1 drawn
     from the uint64 ``key``, for lo <= i < hi (n >= 2)."""
@@ -61,7 +68,7 @@ def feistel_range(n, key, lo, hi, out):
     # independent round keys: (key ^ round) alone would let rounds share values
     round_keys = np.empty(_ROUNDS, dtype=np.uint64)
     for r in range(_ROUNDS):
-        round_keys[r] = _mix(_mix(key, np.uint64(r)), np.uint64(0x726F756E64))
+        round_keys[r] = _splitmix(_splitmix(key, np.uint64(r)), np.uint64(0x726F756E64))
     mask_u = (np.uint64(1) << np.uint64(u)) - np.uint64(1)
     mask_v = (np.uint64(1) << np.uint64(v)) - np.uint64(1)
     nn = np.uint64(n)
@@ -73,7 +80,7 @@ def feistel_range(n, key, lo, hi, out):
             for r in range(_ROUNDS):
                 # a has u bits on even rounds, v on odd ones; the sizes swap back after an even count
                 m = mask_u if r % 2 == 0 else mask_v
-                c = (a + _mix(round_keys[r], b)) & m
+                c = (a + _splitmix(round_keys[r], b)) & m
                 a = b
                 b = c
             y = (a << np.uint64(v)) | b

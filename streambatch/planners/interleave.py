@@ -21,43 +21,64 @@ import numpy as np
 from numba import njit
 
 from ..core.plan import Plan
+from .bucketed.common import _helper, _new, _zeros
 
 _PURITY = np.array([0.6, 0.8, 0.95])  # class edges by the majority source's share of the step
 
 
-@njit(cache=True)
+@_helper
+def _floats(n):
+    """(n,) float64 zeros (one allocation overload for the three arrays below)."""
+    a = np.empty(n, dtype=np.float64)
+    for i in range(n):
+        a[i] = 0.0
+    return a
+
+
+@njit(cache=True, no_cfunc_wrapper=True, error_model="numpy")
 def deficit_order(counts, classes, num_classes, order):
     """(n,) int64 new step order.
 
     counts: (n, S) int64 samples of each source in planned step i;
     classes: (n,) int64 class of step i, in [0, num_classes); order: (n,)
     int64 the planner's step order (each class keeps it).
+
+    Loops rather than np.zeros, .copy(), .sum() and array division: each of
+    those compiles an overload of its own on the first mixed plan (the sums
+    are the same left-to-right additions).
     """
     n, s = counts.shape
     k = num_classes
     # steps of each class in the planner's order: a CSR layout
-    starts = np.zeros(k + 1, dtype=np.int64)
+    starts = _zeros(k + 1)
     for i in range(n):
         starts[classes[i] + 1] += 1
     for c in range(k):
         starts[c + 1] += starts[c]
-    queue = np.empty(n, dtype=np.int64)
-    fill = starts[:-1].copy()
+    queue = _new(n)
+    fill = _new(k)
+    head = _new(k)
+    for c in range(k):
+        fill[c] = starts[c]
+        head[c] = starts[c]
     for i in range(n):
         step = order[i]
         c = classes[step]
         queue[fill[c]] = step
         fill[c] += 1
-    head = starts[:-1].copy()
-    totals = np.zeros(s, dtype=np.float64)
+    totals = _floats(s)
     for i in range(n):
         for c in range(s):
             totals[c] += counts[i, c]
-    grand = totals.sum()
-    share = totals / grand if grand > 0 else totals
+    grand = 0.0
+    for c in range(s):
+        grand += totals[c]
+    share = _floats(s)
+    for c in range(s):
+        share[c] = totals[c] / grand if grand > 0 else totals[c]
     # err[c]: samples of source c placed so far minus its share of all placed
-    err = np.zeros(s, dtype=np.float64)
-    out = np.empty(n, dtype=np.int64)
+    err = _floats(s)
+    out = _new(n)
     for pos in range(n):
         # the next step of the class that leaves the running mix closest to
         # the shares (least squares); ties to the lower class
@@ -85,7 +106,7 @@ def deficit_order(counts, classes, num_classes, order):
     return out
 
 
-@njit(cache=True)
+@njit(cache=True, no_cfunc_wrapper=True, error_model="numpy")
 def _count_steps(samples, step_offsets, labels, out):
     """out[s, c] += samples of source c in planned step s (out: (n_steps, S) int64)."""
     for s in range(step_offsets.shape[0] - 1):

@@ -6,15 +6,15 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from ..bucketed.common import _zeros
+from ..bucketed.common import _helper, _zeros
 from .mt19937 import shuffle_slice
 
 _DIGIT_BITS = 11  # 2,048 buckets: the histogram stays in L1 cache
 _RADIX = 1 << _DIGIT_BITS
 
 
-@njit(cache=True, no_cfunc_wrapper=True, error_model="numpy")
-def radix_argsort(keys, out, tmp):
+@_helper
+def _radix_argsort(keys, out, tmp):
     """Stable argsort of non-negative int64 ``keys`` into ``out``.
 
     keys: (n,) int64 >= 0. out, tmp: (>= n,) integer scratch; the sorted
@@ -64,6 +64,13 @@ def radix_argsort(keys, out, tmp):
 
 
 @njit(cache=True, no_cfunc_wrapper=True, error_model="numpy")
+def radix_argsort(keys, out, tmp):
+    """``_radix_argsort`` callable from Python (tests): sortish_order calls the
+    helper, which has no CPython wrapper to compile on the first plan."""
+    _radix_argsort(keys, out, tmp)
+
+
+@njit(cache=True, no_cfunc_wrapper=True, error_model="numpy")
 def sortish_order(lengths, chunk_size, mt, out, tmp, perm):
     """The seed's shuffled order: sort by length (stable), shuffle each chunk of
     ``chunk_size`` in place, then shuffle the order of the chunks.
@@ -74,7 +81,7 @@ def sortish_order(lengths, chunk_size, mt, out, tmp, perm):
     array type, not two). The order lands in ``out[:n]``; ``tmp`` is clobbered.
     """
     n = lengths.shape[0]
-    radix_argsort(lengths, tmp, out)
+    _radix_argsort(lengths, tmp, out)
     n_chunks = (n + chunk_size - 1) // chunk_size
     for c in range(n_chunks):
         hi = (c + 1) * chunk_size
