@@ -203,8 +203,14 @@ def hash_hashes() -> dict[str, str]:
             for h in (np.uint64(0), np.uint64(2**64 - 1)):
                 out[f"hash/{np.dtype(dtype).name}/{n}/{int(h)}"] = str(int(hash_array(a, h)))
     for planner in ("greedy", "bucketed"):
-        plan = make_plan(rs.integers(0, 900, size=50_000), 16_000, 64, 8, planner=planner)
-        out[f"fingerprint/{planner}"] = str(plan.fingerprint())
+        for w in (1, 8, 1000):
+            plan = make_plan(rs.integers(0, 900, size=50_000), 16_000, 64, w, planner=planner)
+            out[f"fingerprint/{planner}/{w}"] = str(plan.fingerprint())
+    from streambatch.core.plan import config_fingerprint
+
+    for k in range(20):
+        values = [int(v) for v in rs.integers(-(2**62), 2**62, size=k % 5)] + ["abc", "greedy"][: k % 3]
+        out[f"hash/config/{k}"] = str(config_fingerprint(rs.integers(0, 10**6, size=k * 37), *values))
     return out
 
 

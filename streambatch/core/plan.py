@@ -53,7 +53,10 @@ class Plan:
         """A 63-bit hash of the whole plan (same on every rank that planned alike)."""
         from .hashing import hash_array  # lazy for start-up: no numba before the first plan
 
-        h = np.uint64(self.world_size)
+        # int64, the type of the running hash hash_array returns: one compiled
+        # signature for every call (the value equals the uint64 seed's, which
+        # the first mix turns signed anyway; bench/plan_hashes.py checks it).
+        h = np.int64(self.world_size)
         h = hash_array(self.samples, h)
         h = hash_array(self.offsets, h)
         h = hash_array(self.step_order, h)
@@ -137,7 +140,7 @@ def config_fingerprint(lengths: np.ndarray, *values: int | str) -> int:
     """A 63-bit hash of the lengths and configuration values (ints, strings)."""
     from .hashing import hash_array  # lazy for start-up: no numba before the first plan
 
-    h = hash_array(lengths, np.uint64(len(values)))
+    h = hash_array(lengths, np.int64(len(values)))  # int64: see Plan.fingerprint
     for v in values:
         if isinstance(v, str):
             arr = np.frombuffer(v.encode(), dtype=np.uint8).astype(np.int64)
