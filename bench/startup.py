@@ -42,14 +42,52 @@ import json, sys, time
 import numpy as np
 from streambatch import make_plan
 from streambatch.cli.timing import audio_lengths
+planner, _, mixed = sys.argv[1].partition("+")
 lengths = audio_lengths(int(sys.argv[2]))
+
+
+def plan():
+    if not mixed:
+        return make_plan(lengths, 16000, 64, 8, planner=planner)
+    # "PLANNER+mix": a mixed epoch - a large source (Feistel order) and a small one (Fisher-Yates)
+    # drawn, planned and interleaved
+    from streambatch.core.mix import Mix
+    from streambatch.planners.interleave import interleave_steps, source_labels
+    mix = Mix.build((lengths.shape[0] - 20_000, 20_000))
+    drawn = mix.draw(42, 0)
+    p = make_plan(lengths[drawn], 16000, 64, 8, planner=planner)
+    return interleave_steps(p, source_labels(mix.source_of(drawn), 2), 2)
+
+
 c0 = time.process_time()
-a = make_plan(lengths, 16000, 64, 8, planner=sys.argv[1])
+a = plan()
 c1 = time.process_time()
-b = make_plan(lengths, 16000, 64, 8, planner=sys.argv[1])
+b = plan()
 c2 = time.process_time()
 assert a.fingerprint() == b.fingerprint()
 print(json.dumps({"first": c1 - c0, "second": c2 - c1, "fingerprint": a.fingerprint()}))
+"""
+
+
+# Numba's own floor for a warm first call: import numba and load one trivial cached kernel.
+_FLOOR_KERNEL = """from numba import njit
+
+
+@njit(cache=True)
+def total(a):
+    s = 0
+    for i in range(a.shape[0]):
+        s += a[i]
+    return s
+"""
+_FLOOR = r"""
+import json, sys, time
+import numpy as np
+c0 = time.process_time()
+sys.path.insert(0, sys.argv[1])
+import sb_floor_kernel
+sb_floor_kernel.total(np.arange(10))
+print(json.dumps({"first": time.process_time() - c0}))
 """
 
 
@@ -131,9 +169,24 @@ def plan_table(pairs: int, n: int, planners: list[str], old: str | None, warmup:
                     whole_w, _ = child_cpu(["-m", "streambatch.cli", "warmup"], {"NUMBA_CACHE_DIR": warmed}, root=root)
                     rows.setdefault((tag, "after warmup"), []).append(_first_plan(planner, n, warmed, root))
                     rows.setdefault((tag, "warmup itself"), []).append((whole_w, float("nan"), float("nan")))
+            if planner == planners[-1]:  # once: Numba's floor (the same for both checkouts)
+                folder = os.path.join(tmp, "floor")
+                os.makedirs(folder, exist_ok=True)
+                with open(os.path.join(folder, "sb_floor_kernel.py"), "w") as f:
+                    f.write(_FLOOR_KERNEL)
+                for i in range(pairs):
+                    cache = os.path.join(tmp, f"floor-{i}")
+                    for kind in ("cold", "warm"):
+                        whole, out = child_cpu(["-c", _FLOOR, folder], {"NUMBA_CACHE_DIR": cache})
+                        first = json.loads(out.strip().splitlines()[-1])["first"]
+                        rows.setdefault(("floor", kind), []).append((whole, first, 0.0))
             for (tag, kind), rs in rows.items():
                 whole, first, second = (statistics.median(x) for x in zip(*rs))
-                side = "old" if tag else "this"
+                if tag == "floor":
+                    print(f"| Numba's floor: `import numba` + one trivial cached kernel | - | {kind} | {whole:.2f} | "
+                          f"{first:.2f} | - | - | {', '.join(f'{r[1]:.2f}' for r in rs)} |", flush=True)
+                    continue
+                side = "old" if tag == " (old)" else "this"
                 if kind == "warmup itself":
                     print(f"| {planner} | {side} | `streambatch warmup` (all kernels) | {whole:.2f} | - | - | - | - |")
                     continue
@@ -184,7 +237,8 @@ def main() -> None:
     ap.add_argument("--pairs", type=int, default=3)
     ap.add_argument("--n", type=int, default=100_000)
     ap.add_argument("--importtime", type=int, default=10, help="rows of the -X importtime table")
-    ap.add_argument("--planners", nargs="*", default=["greedy", "bucketed"])
+    ap.add_argument("--planners", nargs="*", default=["greedy", "bucketed"],
+                    help="planners to time; PLANNER+mix times a mixed epoch (draw, plan, interleave)")
     ap.add_argument("--old", help="another checkout (e.g. `git archive` of an older commit), interleaved with this one")
     ap.add_argument("--no-warmup", action="store_true", help="skip the after-`streambatch warmup` rows")
     ap.add_argument("--concurrent", type=int, default=0, metavar="K",
