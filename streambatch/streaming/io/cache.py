@@ -54,9 +54,11 @@ import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
-from ...core.redact import logger
+from ...core.redact import logger, scrub_url
 from ..errors import CacheError, ShardError
-from .remote import IOStats, RemoteShard, RetryPolicy, scrub_url
+from .objects import IOStats
+from .remote import RemoteShard
+from .retry import RetryPolicy
 
 log = logger("streambatch.streaming")
 SLACK = 64 << 10  # bytes a download needs beyond its own: lock and counter files, partly filled blocks

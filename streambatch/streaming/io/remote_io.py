@@ -12,13 +12,17 @@ import os
 import shutil
 import tempfile
 from collections.abc import Iterable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from ..errors import CacheError
+from ...core.redact import scrub_options, scrub_url
+from ..errors import CacheError, ShardError
 from .cache import ShardCache, ShardRef, run_dir, sweep_dead_runs
+from .objects import call, filesystem, is_remote, object_identity
 from .reader import is_local
-from .remote import RetryPolicy, is_remote, scrub_options
+from .remote import RemoteShard
 from .remote_reader import RemoteWindowReader
+from .retry import RetryPolicy
 
 log = logging.getLogger("streambatch.streaming")
 
@@ -207,11 +211,6 @@ def check_identity(catalog, rank: int, world_size: int, storage_options: dict | 
     backend lists sizes (S3, GCS: 1,000 objects per request), else with one
     metadata request each, in ``threads`` threads.
     """
-    from concurrent.futures import ThreadPoolExecutor
-
-    from ..errors import ShardError
-    from .remote import RemoteShard, call, filesystem, is_remote, object_identity, scrub_url
-
     sizes = getattr(catalog, "sizes", None)
     if sizes is None:
         return

@@ -25,9 +25,10 @@ import numpy as np
 from ...core.redact import scrub, scrub_url, scrubbing
 from ...core.types import IntLike, LengthFrom, UrlsLike
 from ..errors import ShardError
+from ..io.objects import is_remote
 from ..io.ranged import exists
 from ..io.reader import expand_urls, is_local
-from ..io.remote import RetryPolicy, is_remote
+from ..io.retry import RetryPolicy
 from .catalog_file import is_catalog, read_catalog
 from .catalog_trust import TrustLike, check_trust
 from .identity import VERIFY_MODES, staleness

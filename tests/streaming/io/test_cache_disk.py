@@ -22,7 +22,7 @@ from torch.utils.data import DataLoader
 from streambatch.streaming import ShardError, StreamingBatches, index_shards
 from streambatch.streaming.errors import CacheError
 from streambatch.streaming.io.cache import ShardCache, ShardRef
-from streambatch.streaming.io.remote import RetryPolicy, is_transient
+from streambatch.streaming.io.retry import RetryPolicy, is_transient
 
 from shards import FPS, write_corpus
 
