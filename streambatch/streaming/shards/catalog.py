@@ -18,6 +18,7 @@ import hashlib
 import os
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
 
 import numpy as np
@@ -60,6 +61,13 @@ class Catalog:
     @property
     def num_samples(self) -> int:
         return int(self.counts.sum())
+
+    @cached_property
+    def local(self) -> np.ndarray:
+        """(S,) bool: shard s is a local file, read by offset (``os.pread``); else
+        a remote object or a stream, read through the node-local cache. Decided
+        once per shard, here."""
+        return np.array([is_local(u) for u in self.urls], dtype=bool)
 
     def lengths(self, shard: int) -> np.ndarray:
         """(n,) int64 planning lengths of one shard's samples, in tar order,

@@ -16,7 +16,8 @@ from torch.utils.data import DataLoader
 
 from streambatch.core.redact import scrub, scrub_options, scrub_url
 from streambatch.streaming import ShardError, StreamingBatches, index_shards
-from streambatch.streaming.io.cache import ShardCache, ShardRef, run_dir, sweep_dead_runs
+from streambatch.streaming.io.cache import ShardCache, ShardRef
+from streambatch.streaming.io.disk import run_dir, sweep_dead_runs
 from streambatch.streaming.io.objects import filesystem, is_remote, object_identity
 from streambatch.streaming.io.remote import RemoteShard
 from streambatch.streaming.io.remote_io import lookahead
