@@ -160,7 +160,7 @@ def _via(cat: str, old: str, new: str, root: str, mode: str) -> str:
     starts = np.concatenate([[0], np.cumsum(c["counts"])])
     lengths = [c["lengths"][starts[i]: starts[i + 1]] for i in range(len(c["urls"]))]
     meta, arrays = catalog_arrays([u.replace(old, new) for u in c["urls"]], c["sidecars"], metas, lengths,
-                                  c["meta"]["length_from"])
+                                  c["meta"]["length_from"], at=out)
     write_catalog(out, meta, arrays)
     return out
 
@@ -180,7 +180,7 @@ def catalog_construction(root: str, quick: bool) -> None:
             lengths = [rng.integers(25, 1500, 100) for _ in range(shards)]
             metas = [{"etag": f"{i:032x}", "digest": f"{i:016x}", "size": 1 << 26} for i in range(shards)]
             meta, arrays = catalog_arrays(urls, [u + ".idx.npz" for u in urls], metas, lengths,
-                                          "json:duration*50/s")
+                                          "json:duration*50/s", at=path)
             write_catalog(path, meta, arrays)
         best = float("inf")
         for _ in range(3):

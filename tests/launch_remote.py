@@ -17,7 +17,7 @@ def run_rank(rank: int, world: int, init_method: str, source: str, broken: str, 
     from torch.utils.data import DataLoader
 
     from streambatch.streaming import ShardError, StreamingBatches
-    from streambatch.streaming.io.remote import RetryPolicy
+    from streambatch.streaming.io.retry import RetryPolicy
 
     dist.init_process_group("gloo", init_method=init_method, rank=rank, world_size=world)
     result: dict = {"rank": rank}

@@ -1,7 +1,6 @@
 """The package's import graph (issue 18): no upward import between layers
 (core <- planners <- torch_glue / streaming <- integrations / cli), no cycle
-among module-level imports, and no cycle hidden by a function-level import
-but the ones listed in ``LEFT`` (each waits on work in another branch)."""
+among module-level imports, and no cycle hidden by a function-level import."""
 
 from __future__ import annotations
 
@@ -68,33 +67,16 @@ def layer(module: str) -> int | None:
     return LAYER.get(parts[1]) if len(parts) > 1 else None
 
 
-# Upward imports left: PlanConfig.build checks the planner's options against the registry of
-# planners/__init__.py, which the start-up branch is making lazy; the registry moves down after it merges.
-LEFT_UPWARD = {("streambatch.core.config", "streambatch.planners")}
-
-
 def test_no_upward_imports():
     bad = []
     for m in MODULES:
         for target, _ in imports(m):
-            if (m, target) in LEFT_UPWARD:
-                continue
             a, b = layer(m), layer(target)
             if a is not None and b is not None and b > a:
                 bad.append(f"{m} -> {target}")
             if a == b == 2 and m.startswith("streambatch.torch_glue") and target.startswith("streambatch.streaming"):
                 bad.append(f"{m} -> {target} (streaming builds on torch_glue, not the reverse)")
     assert not bad, "upward imports:\n" + "\n".join(sorted(bad))
-
-
-# Cycles closed by a function-level import, left for later: the remote pair is being rewritten in the
-# cloud-storage branch, the planner registry made lazy in the start-up branch (edits there are limited
-# to import lines until they merge).
-LEFT = {
-    frozenset({"streambatch.streaming.io.remote", "streambatch.streaming.io.streams"}),
-    frozenset({"streambatch.streaming.io.remote", "streambatch.streaming.io.ranged"}),
-    frozenset({"streambatch.core.config", "streambatch.planners"}),
-}
 
 
 def cycles(module_level_only: bool) -> list[list[str]]:
@@ -128,8 +110,8 @@ def test_no_cycles_among_module_level_imports():
 
 
 def test_no_cycles_behind_function_level_imports():
-    new = [c for c in cycles(False) if frozenset(c) not in LEFT]
-    assert not new, "import cycles:\n" + "\n".join(" -> ".join(c) for c in new)
+    found = cycles(False)
+    assert not found, "import cycles:\n" + "\n".join(" -> ".join(c) for c in found)
 
 
 def test_the_graph_sees_imports():

@@ -16,6 +16,7 @@ from typing import Any, TypeVar
 import numpy as np
 
 from .plan import config_fingerprint
+from .registry import check_planner, get_planner
 from .state import MAX_EPOCH
 from .types import FlagLike, IntLike, NumberLike
 from .validation import check_budget, check_flag, check_int, check_seed
@@ -56,10 +57,6 @@ class PlanConfig:
               planner_options: Mapping[str, Any] | None = None, **extra: Any) -> C:
         """Validate and coerce every setting (TypeError/ValueError naming the
         bad one). ``extra`` holds a subclass's own settings."""
-        # The registry lives in streambatch.planners, which imports this layer (an upward import left until the
-        # lazy planner registry lands; tests/test_import_graph.py LEFT_UPWARD).
-        from ..planners import check_planner, get_planner
-
         if planner_options is None:
             planner_options = {}
         if not isinstance(planner_options, Mapping):

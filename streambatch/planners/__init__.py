@@ -16,6 +16,7 @@ import numpy as np
 
 from ..core.config import PlanConfig, check_epoch
 from ..core.plan import Plan
+from ..core.registry import PLANNERS, check_planner, get_planner
 from ..core.types import FlagLike, IntLike, LengthsLike, NumberLike
 from ..core.validation import coerce_lengths
 from .base import Option, PlanFunction, Planner, UnknownOptionError
@@ -30,8 +31,8 @@ _BUILTIN = (GREEDY, BUCKETED)
 SEED_EXACT = GREEDY.name
 RECOMMENDED = BUCKETED.name
 
-# name -> Planner
-PLANNERS: dict[str, Planner] = {p.name: p for p in _BUILTIN}
+# name -> Planner: the registry dict lives in core/registry.py (PlanConfig.build checks names against it)
+PLANNERS.update({p.name: p for p in _BUILTIN})
 
 
 def register_planner(planner: Planner | str, fn: PlanFunction | Callable[..., Plan] | None = None) -> Planner:
@@ -45,17 +46,6 @@ def register_planner(planner: Planner | str, fn: PlanFunction | Callable[..., Pl
         raise TypeError(f"register_planner takes a Planner or (name, function), got {planner!r}")
     PLANNERS[planner.name] = planner
     return planner
-
-
-def check_planner(name: Any) -> str:
-    """``name`` if it is a registered planner, else a ValueError listing them."""
-    if not isinstance(name, str) or name not in PLANNERS:
-        raise ValueError(f"planner must be one of {sorted(PLANNERS)}, got {name!r}")
-    return name
-
-
-def get_planner(name: str) -> Planner:
-    return PLANNERS[check_planner(name)]
 
 
 def make_plan(lengths: LengthsLike, max_batch_tokens: NumberLike | PlanConfig, max_batch_size: IntLike = 64,

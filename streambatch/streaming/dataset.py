@@ -28,8 +28,8 @@ from .epoch.modes import READ_MODES, summarize
 from .epoch.sample_mode import summarize_windows
 from .epoch.windows import EpochSummary, Window, WindowConfig, default_window
 from .formats.audio import decode_audio
-from .io.remote import RetryPolicy, as_policy
 from .io.remote_io import RemoteIO, check_identity
+from .io.retry import RetryPolicy, as_policy
 from .pipeline.reading import ReadingMixin
 from .pipeline.setup import (
     check_output,

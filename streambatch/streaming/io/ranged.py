@@ -32,8 +32,11 @@ from typing import Any
 
 import numpy as np
 
+from ...core.redact import scrub, scrub_url
 from ..errors import ShardError
-from .remote import READ_CHUNK, IOStats, RemoteShard, RetryPolicy, is_remote, scrub, scrub_url
+from .objects import READ_CHUNK, IOStats, is_remote
+from .remote import RemoteShard
+from .retry import RetryPolicy, ShortRead
 
 READAHEAD = 2048  # pax header + record + ustar header + the first data block
 AUDIO_HEAD = 512  # WAV fmt/data chunks and FLAC STREAMINFO sit in the first bytes; more is fetched if not
@@ -133,13 +136,13 @@ class StreamFile(io.RawIOBase):
             try:
                 if self._stream is None:
                     self._stream = self.shard.open_at(self.pos)
-                    self.shard._check_identity(self._stream)
+                    self.shard.check_identity(self._stream)
                 return self._stream.read(n)
             except BaseException:
                 self._drop()
                 raise
 
-        data = self.shard._with_retries("read", attempt, lambda: self.pos)
+        data = self.shard.retrying("read", attempt, lambda: self.pos)
         self.pos += len(data)
         self.shard.stats.add(nbytes=len(data))
         return data
@@ -169,7 +172,7 @@ def read_npz_bytes(path: str, storage_options: dict | None, retry: RetryPolicy |
     shard = RemoteShard(path, storage_options, retry=retry, kind=_kind(path))
     buf = io.BytesIO()
     try:
-        shard._with_retries("read", lambda: _download_all(shard, buf), passthrough=(FileNotFoundError,))
+        shard.retrying("read", lambda: _download_all(shard, buf), passthrough=(FileNotFoundError,))
     except ShardError as exc:
         raise OSError(str(exc)) from None
     except FileNotFoundError:
@@ -191,8 +194,6 @@ def _download_all(shard: RemoteShard, buf: io.BytesIO) -> None:
     finally:
         stream.close()
     if stream.total is not None and buf.tell() < stream.total:
-        from .remote import ShortRead
-
         raise ShortRead(f"the response ended at byte {buf.tell()} of {stream.total}")
 
 

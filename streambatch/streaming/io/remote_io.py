@@ -10,15 +10,19 @@ import logging
 import numbers
 import os
 import shutil
-import tempfile
 from collections.abc import Iterable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from ..errors import CacheError
-from .cache import ShardCache, ShardRef, run_dir, sweep_dead_runs
+from ...core.redact import scrub_options, scrub_url
+from ..errors import ShardError
+from .cache import ShardCache, ShardRef
+from .disk import cache_estimate, check_cache_dir, run_dir, sweep_dead_runs
+from .objects import call, filesystem, is_remote, object_identity
 from .reader import is_local
-from .remote import RetryPolicy, is_remote, scrub_options
+from .remote import RemoteShard
 from .remote_reader import RemoteWindowReader
+from .retry import RetryPolicy
 
 log = logging.getLogger("streambatch.streaming")
 
@@ -101,7 +105,8 @@ class RemoteIO:
             root = os.fspath(cache_dir) if cache_dir is not None else None
             sweep_dead_runs(root)
             directory = run_dir(root, os.getpid(), rank)
-            need = cache_estimate(catalog, world_size, window_samples, read_mode, prefetch_shards, prefetch_bytes)
+            need = cache_estimate(catalog, world_size, window_samples, read_mode in (None, "shard"), prefetch_shards,
+                                  prefetch_bytes)
             check_cache_dir(directory, root, need, prefetch_shards)
             atexit.register(_remove_tree, directory, os.getpid())
         return cls(remote, directory, storage_options, retry, prefetch_shards, prefetch_bytes)
@@ -143,58 +148,6 @@ def _remove_tree(path: str, owner: int) -> None:
         shutil.rmtree(path, ignore_errors=True)
 
 
-def cache_estimate(catalog, world_size: int, window_samples: int | None, read_mode: str | None,
-                   prefetch_shards: int, prefetch_bytes: int | None) -> int:
-    """Bytes the rank's cache holds at most, roughly: two windows' share of
-    the remote shards (1/W of a window in shard mode; up to all of it in
-    sample mode, where every rank reads part of every shard) plus one
-    worker's prefetch. An estimate (shard sizes vary, pieces are cut by the
-    plan), so it only warns. 0 when no remote shard's size is known."""
-    urls, sizes = catalog.urls, getattr(catalog, "sizes", None)
-    if sizes is None:
-        return 0
-    known = [int(sizes[k]) for k, u in enumerate(urls) if not is_local(u) and sizes[k] >= 0]
-    if not known:
-        return 0
-    remote = sum(1 for u in urls if not is_local(u))
-    total = sum(known) * remote / len(known)
-    samples = max(1, int(getattr(catalog, "num_samples", 0)))
-    window = total * min(1.0, (window_samples or samples) / samples)
-    share = window / max(1, world_size) if read_mode in (None, "shard") else window
-    ahead = prefetch_shards * max(known)
-    if prefetch_bytes is not None:
-        ahead = min(ahead, prefetch_bytes + max(known))  # the first piece ahead starts whatever its size
-    return int(2 * share + min(ahead, total))
-
-
-def check_cache_dir(directory: str, cache_dir: str | None, need: int = 0, prefetch_shards: int = 4) -> None:
-    """Create ``directory`` and write and remove a probe file in it, or raise
-    CacheError naming it and ``cache_dir=``; log a warning when the disk has
-    fewer than ``need`` bytes free (``cache_estimate``: an estimate, so no
-    refusal: prefetch holds back on a full disk, and only a piece that cannot
-    fit at all fails, when it is read)."""
-    setting = f"cache_dir={cache_dir!r}" if cache_dir is not None else "cache_dir=None: the system temp dir"
-    try:
-        os.makedirs(directory, exist_ok=True)
-        fd, probe = tempfile.mkstemp(dir=directory, prefix=".probe-")
-        try:
-            os.write(fd, b"x")
-        finally:
-            os.close(fd)
-            os.unlink(probe)
-        free = shutil.disk_usage(directory).free
-    except OSError as exc:
-        raise CacheError(exc.errno, f"the shard cache directory {directory} ({setting}) is not usable: "
-                         f"{exc.strerror or exc}; pass cache_dir= a writable directory on a local disk",
-                         directory=directory) from None
-    if free < need:
-        log.warning("the shard cache %s (%s) has %d bytes free, less than the about %d this rank may hold (two "
-                    "windows' share of its shards plus %d prefetched per DataLoader worker); if the disk fills, "
-                    "prefetch holds back and a piece that still does not fit raises CacheError: pass cache_dir= "
-                    "on a larger disk, or lower window_samples= or prefetch_shards=", directory, setting, free,
-                    need, prefetch_shards)
-
-
 def check_identity(catalog, rank: int, world_size: int, storage_options: dict | None = None,
                    retry: RetryPolicy | None = None, threads: int = 16) -> None:
     """Before training: compare the size and ETag recorded at indexing with
@@ -207,11 +160,6 @@ def check_identity(catalog, rank: int, world_size: int, storage_options: dict | 
     backend lists sizes (S3, GCS: 1,000 objects per request), else with one
     metadata request each, in ``threads`` threads.
     """
-    from concurrent.futures import ThreadPoolExecutor
-
-    from ..errors import ShardError
-    from .remote import RemoteShard, call, filesystem, is_remote, object_identity, scrub_url
-
     sizes = getattr(catalog, "sizes", None)
     if sizes is None:
         return

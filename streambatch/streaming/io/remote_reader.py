@@ -28,9 +28,9 @@ from collections import deque
 
 import numpy as np
 
+from ...core.redact import scrub_url
 from ..errors import ShardError
 from .cache import ShardCache, ShardRef
-from .remote import scrub_url
 
 GAP = 1 << 20  # bytes of unneeded samples worth downloading to save a request
 

@@ -1,33 +1,24 @@
 """One GET per stream: the response bodies ``RemoteShard`` reads from
 (HTTP(S) through fsspec's aiohttp session, S3 through s3fs/aiobotocore, ranged
 chunks for other fsspec backends, ``pipe:`` commands through webdataset's
-gopen). No retries here: ``remote.RemoteShard`` retries and resumes.
+gopen). No retries here: ``remote.RemoteShard`` retries and resumes (``retry.py``).
 
 Waiting is bounded by ``RetryPolicy.timeout`` everywhere: HTTP by aiohttp's
 ``sock_connect``/``sock_read`` (an idle bound: a body that keeps flowing is
 never cut), S3 by ``asyncio.wait_for`` around the request and around each
 read (aiobotocore's ``read(n)`` returns what has arrived, so this too bounds
-the silence, not the transfer), ranged chunks by ``remote.call``."""
+the silence, not the transfer), ranged chunks by ``objects.call``."""
 
 from __future__ import annotations
 
 import contextlib
 
-from .remote import (
-    CHUNK_BYTES,
-    READ_CHUNK,
-    HTTPStatusError,
-    IOStats,
-    NetworkTimeout,
-    call,
-    deadline,
-    normalize_etag,
-    object_info,
-    scrub,
-)
+from ...core.redact import scrub
+from .objects import CHUNK_BYTES, READ_CHUNK, IOStats, NetworkTimeout, call, deadline, normalize_etag, object_info
+from .retry import HTTPStatusError
 
 
-class _Stream:
+class Stream:
     """One GET from ``offset``: ``read(n)`` -> bytes (b'' at the end);
     ``total`` (object size if the response told) and ``etag``;
     ``ignored_range``: the server sent the whole object although a Range
@@ -44,10 +35,10 @@ class _Stream:
         pass
 
 
-class _AsyncStream(_Stream):
+class AsyncStream(Stream):
     """A response body on fsspec's event loop, read from this thread.
     ``timeout``: seconds the request (to its headers) and each ``read`` may
-    wait; ``bound=False`` when the opener bounds its own waits (``_http_get``:
+    wait; ``bound=False`` when the opener bounds its own waits (``http_get``:
     aiohttp's idle timeouts, which a skip over ignored Range bytes needs)."""
 
     def __init__(self, fs, opener, *args, timeout: float = 60.0, bound: bool = True):
@@ -104,7 +95,7 @@ def _range(offset: int, end: int | None) -> str | None:
     return f"bytes={offset}-" if offset else None
 
 
-async def _http_get(fs, url: str, offset: int, end: int | None, timeout: float):
+async def http_get(fs, url: str, offset: int, end: int | None, timeout: float):
     import aiohttp
 
     session = await fs.set_session()
@@ -128,7 +119,7 @@ async def _http_get(fs, url: str, offset: int, end: int | None, timeout: float):
     return _HTTPBody(r, skip, ignored), total, normalize_etag(r.headers.get("ETag"))
 
 
-async def _s3_get(fs, path: str, offset: int, end: int | None):
+async def s3_get(fs, path: str, offset: int, end: int | None):
     bucket, key, version = fs.split_path(path)
     kw = {"Range": _range(offset, end)} if _range(offset, end) else {}
     if version:
@@ -146,10 +137,10 @@ def _content_total(content_range, content_length, offset: int) -> int | None:
     return int(content_length) + offset if content_length is not None else None
 
 
-class _ChunkedStream(_Stream):
+class ChunkedStream(Stream):
     """Ranged GETs of ``chunk`` bytes from ``offset`` to ``end`` (None: the
     object's end), for backends without a streaming body; each may take
-    ``timeout`` seconds per MiB (``remote.deadline``). ``total`` and
+    ``timeout`` seconds per MiB (``objects.deadline``). ``total`` and
     ``etag`` are the object's size and identity tag (ETag, GCS generation,
     Hub blob id / LFS sha256) from one metadata request first, so every
     backend's download is checked against what was indexed, as HTTP's and
@@ -186,7 +177,7 @@ class _ChunkedStream(_Stream):
         return out
 
 
-class _PipeStream(_Stream):
+class PipeStream(Stream):
     def __init__(self, url: str, offset: int):
         from webdataset.gopen import gopen
 

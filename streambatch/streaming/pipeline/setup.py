@@ -20,7 +20,7 @@ from ...planners import plan_epoch
 from ..epoch.affinity.plan import warm_up as warm_up_affine
 from ..epoch.windows import WindowConfig, check_read_mode
 from ..io.reader import expand_urls, is_local
-from ..io.remote import RetryPolicy
+from ..io.retry import RetryPolicy
 from ..shards.catalog import Catalog, open_catalog
 from ..shards.catalog_file import catalog_urls, is_catalog
 from ..shards.sources import SourceCatalog, open_sources

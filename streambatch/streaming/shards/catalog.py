@@ -18,6 +18,7 @@ import hashlib
 import os
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
 
 import numpy as np
@@ -25,9 +26,10 @@ import numpy as np
 from ...core.redact import scrub, scrub_url, scrubbing
 from ...core.types import IntLike, LengthFrom, UrlsLike
 from ..errors import ShardError
+from ..io.objects import is_remote
 from ..io.ranged import exists
 from ..io.reader import expand_urls, is_local
-from ..io.remote import RetryPolicy, is_remote
+from ..io.retry import RetryPolicy
 from .catalog_file import is_catalog, read_catalog
 from .catalog_trust import TrustLike, check_trust
 from .identity import VERIFY_MODES, staleness
@@ -59,6 +61,13 @@ class Catalog:
     @property
     def num_samples(self) -> int:
         return int(self.counts.sum())
+
+    @cached_property
+    def local(self) -> np.ndarray:
+        """(S,) bool: shard s is a local file, read by offset (``os.pread``); else
+        a remote object or a stream, read through the node-local cache. Decided
+        once per shard, here."""
+        return np.array([is_local(u) for u in self.urls], dtype=bool)
 
     def lengths(self, shard: int) -> np.ndarray:
         """(n,) int64 planning lengths of one shard's samples, in tar order,

@@ -30,8 +30,9 @@ from typing import Any, TypeGuard
 import numpy as np
 
 from ...core.redact import scrub
+from ..io.objects import is_remote
 from ..io.ranged import load_npz, npz_bytes, write_bytes
-from ..io.remote import RetryPolicy, is_remote
+from ..io.retry import RetryPolicy
 from .catalog_trust import relative_entries, resolve_entries
 from .sidecar import default_index_dir
 

@@ -32,7 +32,7 @@ from collections.abc import Collection, Sequence
 from typing import Any
 
 from ...core.redact import scrub_url
-from ..io.remote import is_remote, protocol
+from ..io.objects import is_remote, protocol
 
 TrustLike = bool | Collection[str]
 

@@ -31,8 +31,8 @@ import os
 from typing import Any
 
 from ..errors import ShardError
+from ..io.objects import is_remote
 from ..io.reader import is_local, local_path, open_stream
-from ..io.remote import is_remote
 
 VERIFY_MODES = ("stat", "full")
 _PROBE = 64 * 1024

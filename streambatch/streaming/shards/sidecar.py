@@ -40,8 +40,8 @@ import numpy as np
 from ...core.redact import scrub
 from ...core.units import MAX_LENGTH
 from ..errors import ShardError
+from ..io.objects import is_remote, protocol
 from ..io.reader import is_local, local_path, url_basename
-from ..io.remote import is_remote, protocol
 
 # re-exported: the shard identity checks lived here before shard_identity.py
 from .identity import VERIFY_MODES as VERIFY_MODES

@@ -106,7 +106,7 @@ class Recording(ShardCache):
         super().__init__(*args, **kw)
         self.started: list[ShardRef] = []
         self.go = threading.Event()
-        pool, log = self._pool, self.started
+        pool, log = self.prefetch._pool, self.started
 
         class Pool:
             def submit(self, fn, ref):
@@ -116,7 +116,7 @@ class Recording(ShardCache):
             def shutdown(self, **kw):
                 pool.shutdown(**kw)
 
-        self._pool = Pool()
+        self.prefetch._pool = Pool()
 
     def _background(self, ref):
         self.go.wait(10)
@@ -146,7 +146,7 @@ def test_prefetch_order_and_bounds_with_the_cursor(corpus, tmp_path):
     for i, r in enumerate(refs[:10]):
         assert cache.get(r) == cache.path(r)
         with cache._lock:
-            assert len([x for x in cache._futures if x not in cache._taken]) <= 3
+            assert len([x for x in cache.prefetch._futures if x not in cache.prefetch._taken]) <= 3
         n = min(10, i + 4)
         assert started(cache, n) == refs[:n]  # one more starts per piece taken, in order
     assert cache.started == refs[:10]  # each once

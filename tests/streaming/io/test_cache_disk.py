@@ -22,7 +22,7 @@ from torch.utils.data import DataLoader
 from streambatch.streaming import ShardError, StreamingBatches, index_shards
 from streambatch.streaming.errors import CacheError
 from streambatch.streaming.io.cache import ShardCache, ShardRef
-from streambatch.streaming.io.remote import RetryPolicy, is_transient
+from streambatch.streaming.io.retry import RetryPolicy, is_transient
 
 from shards import FPS, write_corpus
 
@@ -120,15 +120,19 @@ def test_cache_dir_broken_after_construction_raises_instead_of_skipping(corpus, 
 def test_little_room_for_the_estimated_bound_warns_but_works(tmp_path, caplog):
     from types import SimpleNamespace
 
-    from streambatch.streaming.io.remote_io import cache_estimate, check_cache_dir
+    import numpy as np
+
+    from streambatch.streaming.io.disk import cache_estimate, check_cache_dir
 
     # 8 remote shards of 1 MB, 800 samples; windows of 200: 2 MB a window
     catalog = SimpleNamespace(urls=[f"s3://b/{i}.tar" for i in range(8)] + ["/local.tar"],
-                              sizes=[10**6] * 8 + [-1], num_samples=800)
-    assert cache_estimate(catalog, 4, 200, "shard", 2, None) == 2 * 2 * 10**6 // 4 + 2 * 10**6
-    assert cache_estimate(catalog, 4, 200, "sample", 2, None) == 2 * 2 * 10**6 + 2 * 10**6
-    assert cache_estimate(catalog, 4, 200, "shard", 4, 10**5) == 10**6 + 10**5 + 10**6
-    assert cache_estimate(SimpleNamespace(urls=["pipe:cat a"], sizes=[-1], num_samples=5), 1, 5, None, 4, None) == 0
+                              local=np.array([False] * 8 + [True]), sizes=[10**6] * 8 + [-1], num_samples=800)
+    # rank_share: each rank streams 1/W of a window (shard mode), else every rank may read all of it (sample mode)
+    assert cache_estimate(catalog, 4, 200, True, 2, None) == 2 * 2 * 10**6 // 4 + 2 * 10**6
+    assert cache_estimate(catalog, 4, 200, False, 2, None) == 2 * 2 * 10**6 + 2 * 10**6
+    assert cache_estimate(catalog, 4, 200, True, 4, 10**5) == 10**6 + 10**5 + 10**6
+    assert cache_estimate(SimpleNamespace(urls=["pipe:cat a"], local=np.array([False]), sizes=[-1], num_samples=5),
+                          1, 5, True, 4, None) == 0
     free = shutil.disk_usage(tmp_path).free
     with caplog.at_level(logging.WARNING, logger="streambatch.streaming"):
         check_cache_dir(str(tmp_path / "c"), str(tmp_path), need=free // 2)

@@ -21,7 +21,8 @@ from test_remote_servers import _check_world, _run_world, keys, local_epochs, sp
 from torch.utils.data import DataLoader
 
 from streambatch.streaming import ShardError, StreamingBatches, index_shards
-from streambatch.streaming.io.remote import RemoteShard, RetryPolicy
+from streambatch.streaming.io.remote import RemoteShard
+from streambatch.streaming.io.retry import RetryPolicy
 from streambatch.streaming.shards.sidecar import read_arrays, sidecar_path
 
 from servers import FaultProxy, nginx_server

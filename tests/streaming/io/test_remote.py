@@ -14,23 +14,15 @@ import numpy as np
 import pytest
 from torch.utils.data import DataLoader
 
+from streambatch.core.redact import scrub, scrub_options, scrub_url
 from streambatch.streaming import ShardError, StreamingBatches, index_shards
-from streambatch.streaming.io.cache import ShardCache, ShardRef, run_dir, sweep_dead_runs
-from streambatch.streaming.io.remote import (
-    HTTPStatusError,
-    RemoteShard,
-    RetryPolicy,
-    ShortRead,
-    filesystem,
-    is_remote,
-    is_transient,
-    object_identity,
-    scrub,
-    scrub_options,
-    scrub_url,
-)
+from streambatch.streaming.io.cache import ShardCache, ShardRef
+from streambatch.streaming.io.disk import run_dir, sweep_dead_runs
+from streambatch.streaming.io.objects import filesystem, is_remote, object_identity
+from streambatch.streaming.io.remote import RemoteShard
 from streambatch.streaming.io.remote_io import lookahead
 from streambatch.streaming.io.remote_reader import worker_steps
+from streambatch.streaming.io.retry import HTTPStatusError, RetryPolicy, ShortRead, is_transient
 
 from shards import FPS, write_corpus
 
@@ -268,7 +260,7 @@ def test_index_split_and_merged_under_torchrun(tmp_path):
 
 
 def test_refusals_are_not_retried_through_any_cause_chain():
-    from streambatch.streaming.io.remote import http_status, is_refusal
+    from streambatch.streaming.io.retry import http_status, is_refusal
 
     class Status(Exception):
         def __init__(self, **kw):
@@ -331,7 +323,7 @@ def test_backend_refusal_classes_are_refusals(module, name):
         exc = cls.__new__(cls)
         Exception.__init__(exc, "refused")
     assert importlib.import_module(module) is mod
-    from streambatch.streaming.io.remote import is_refusal
+    from streambatch.streaming.io.retry import is_refusal
 
     assert is_refusal(exc) and not is_transient(exc)
     try:  # HfFileSystem raises FileNotFoundError from RepositoryNotFoundError: still a refusal
@@ -341,7 +333,7 @@ def test_backend_refusal_classes_are_refusals(module, name):
 
 
 def test_refusal_hints_name_each_backends_credentials():
-    from streambatch.streaming.io.remote import refusal_hint
+    from streambatch.streaming.io.retry import refusal_hint
 
     assert "HF_TOKEN" in refusal_hint("hf://datasets/o/n/a.tar")
     assert "HF_TOKEN" in refusal_hint("https://huggingface.co/datasets/o/n/resolve/main/a.tar")
@@ -350,7 +342,7 @@ def test_refusal_hints_name_each_backends_credentials():
 
 
 def test_hub_token_goes_to_hub_hosts_only(monkeypatch):
-    from streambatch.streaming.io.remote import hub_token_options
+    from streambatch.streaming.io.objects import hub_token_options
 
     monkeypatch.setenv("HF_TOKEN", "hf_SECRET")
     monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9999")

@@ -21,7 +21,7 @@ from launch_remote import BUDGET, CAP, WINDOW, run_rank
 from torch.utils.data import DataLoader
 
 from streambatch.streaming import ShardError, StreamingBatches, index_shards
-from streambatch.streaming.io.remote import RetryPolicy
+from streambatch.streaming.io.retry import RetryPolicy
 from streambatch.streaming.shards.sidecar import read_arrays, sidecar_path
 
 from helpers import free_port

@@ -16,7 +16,7 @@ import pytest
 from torch.utils.data import DataLoader
 
 from streambatch.streaming import Source, StreamingBatches, index_shards
-from streambatch.streaming.io.remote import RetryPolicy
+from streambatch.streaming.io.retry import RetryPolicy
 
 from servers import FaultProxy, nginx_server, s3_server
 from shards import FPS, write_corpus

@@ -24,7 +24,8 @@ import pytest
 from launch_remote import BUDGET, CAP, WINDOW
 
 from streambatch.streaming import ShardError, StreamingBatches, index_shards
-from streambatch.streaming.io.remote import RemoteShard, RetryPolicy
+from streambatch.streaming.io.remote import RemoteShard
+from streambatch.streaming.io.retry import RetryPolicy
 from streambatch.streaming.shards.catalog_file import read_catalog
 from streambatch.streaming.shards.sidecar import read_arrays, sidecar_path
 

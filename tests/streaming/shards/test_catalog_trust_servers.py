@@ -14,7 +14,7 @@ import traceback
 import pytest
 
 from streambatch.streaming import ShardError, StreamingBatches, index_shards
-from streambatch.streaming.io.remote import RetryPolicy
+from streambatch.streaming.io.retry import RetryPolicy
 from streambatch.streaming.shards.catalog_trust import UntrustedCatalogError
 
 from servers import nginx_server

@@ -1,0 +1,211 @@
+"""Remote objects through fsspec: which URLs are remote, the filesystem of a
+URL (with the Hugging Face token for Hub hosts), network calls bounded by a
+timeout, and an object's identity (size, ETag).
+
+Any URL fsspec knows (``s3://``, ``gs://``, ``https://``, ``hf://``, ...) is
+opened with ``fsspec.core.url_to_fs(url, **storage_options)``; ``pipe:``
+commands go through webdataset's ``gopen`` (``streams.py``). URLs and
+options are scrubbed of credentials before they reach a message.
+
+Every network call waits at most ``RetryPolicy.timeout`` for an answer
+(``call``): on an async fsspec backend (HTTP, S3, GCS) the coroutine is
+cancelled on fsspec's event loop when the time is up; a sync backend's call
+runs in a thread that is abandoned then. A timeout (``NetworkTimeout``) is a
+transient fault: ``retry.py`` retries it.
+
+Stream: nothing: answers about remote objects (scheme, filesystem, size and ETag) and bounded calls."""
+
+from __future__ import annotations
+
+import os
+import threading
+from typing import Any
+from urllib.parse import urlsplit
+
+from ...core.redact import scrub
+
+# protocol -> (package fsspec needs, streambatch extra that installs it)
+_BACKENDS = {"s3": ("s3fs", "s3"), "s3a": ("s3fs", "s3"), "gs": ("gcsfs", "gcs"), "gcs": ("gcsfs", "gcs"),
+             "hf": ("huggingface_hub", "hf"), "http": ("aiohttp", "http"), "https": ("aiohttp", "http"),
+             "az": ("adlfs", "azure"), "abfs": ("adlfs", "azure"), "abfss": ("adlfs", "azure")}
+# Hosts that get the Hugging Face token (HF_TOKEN) on https:// URLs; HF_ENDPOINT's host is added at call time.
+HUB_HOSTS = ("huggingface.co", "hf.co")
+READ_CHUNK = 1 << 20  # bytes per read() from a stream; the memory a download holds
+CHUNK_BYTES = 64 << 20  # bytes per ranged GET where the backend cannot stream
+
+
+# ---------------------------------------------------------------- URLs and secrets
+
+
+def protocol(url: str) -> str:
+    """Lower-case URL scheme ('' for plain paths)."""
+    scheme = urlsplit(url).scheme.lower()
+    return "" if len(scheme) <= 1 else scheme  # 'C:' is a drive, not a scheme
+
+
+def is_remote(url: str) -> bool:
+    """True for URLs read through fsspec (anything but paths, file: and pipe:)."""
+    return protocol(url) not in ("", "file", "pipe") and url != "-"
+
+
+def filesystem(url: str, storage_options: dict | None = None):
+    """(fsspec filesystem, path) for ``url``, or ImportError naming the extra to install."""
+    proto = protocol(url)
+    package, extra = _BACKENDS.get(proto, (None, None))
+    hint = f"pip install 'streambatch[{extra}]'" if extra else f"install the fsspec backend for {proto}://"
+    try:
+        import fsspec.core
+    except ImportError:
+        raise ImportError(f"reading {proto}:// shards needs fsspec; {hint}") from None
+    try:
+        return fsspec.core.url_to_fs(url, **hub_token_options(url, storage_options))
+    except ImportError as exc:
+        need = package or "its fsspec backend"
+        raise ImportError(f"reading {proto}:// shards ({scrub(url)}) needs {need}: {hint} ({exc})") from None
+    except ValueError as exc:
+        if "Protocol not known" in str(exc):
+            raise ValueError(f"no fsspec backend reads {proto}:// URLs ({scrub(url)}); use a path, "
+                             "s3://, gs://, http(s)://, hf:// or pipe:") from None
+        raise
+
+
+def hub_host(url: str) -> bool:
+    """True for an http(s) URL on the Hugging Face Hub (or on ``HF_ENDPOINT``'s host)."""
+    if protocol(url) not in ("http", "https"):
+        return False
+    host = (urlsplit(url).hostname or "").lower()
+    hosts = set(HUB_HOSTS)
+    endpoint = os.environ.get("HF_ENDPOINT")
+    if endpoint:
+        hosts.add((urlsplit(endpoint).hostname or "").lower())
+    return any(host == h or host.endswith("." + h) for h in hosts if h)
+
+
+def hub_token_options(url: str, storage_options: dict | None) -> dict:
+    """``storage_options`` plus ``Authorization: Bearer <HF_TOKEN>`` for an
+    https:// URL on the Hub that has no Authorization header of its own: the
+    same token ``hf://`` URLs use (``HF_TOKEN``, else ``huggingface-cli
+    login``'s). Sent only to Hub hosts, never to another server."""
+    options = dict(storage_options or {})
+    if not hub_host(url):
+        return options
+    headers = dict(options.get("headers") or {})
+    if any(k.lower() == "authorization" for k in headers):
+        return options
+    token = os.environ.get("HF_TOKEN") or _saved_hub_token()
+    if token:
+        headers["Authorization"] = f"Bearer {token}"
+        options["headers"] = headers
+    return options
+
+
+def _saved_hub_token() -> str | None:
+    try:
+        from huggingface_hub import get_token
+    except ImportError:
+        return None
+    try:
+        return get_token()
+    except Exception:  # an unreadable token file is the same as none: the server then says 401
+        return None
+
+
+# ---------------------------------------------------------------- bounded calls
+
+
+class NetworkTimeout(TimeoutError):
+    """No answer within ``RetryPolicy.timeout`` (transient: retried)."""
+
+
+def deadline(timeout: float, nbytes: int = 0) -> float:
+    """Seconds a call moving ``nbytes`` may take: ``timeout`` per MiB started
+    (a metadata request or a small read: ``timeout``), so a large ranged GET
+    on a slow link is not cut off while bytes still flow."""
+    return timeout * max(1, -(-int(nbytes) // READ_CHUNK))
+
+
+def call(fs, method: str, *args, timeout: float, **kwargs):
+    """``fs.<method>(*args, **kwargs)`` answered within ``timeout`` seconds,
+    else ``NetworkTimeout``. Async backends run the coroutine on fsspec's loop
+    under ``asyncio.wait_for`` (cancelled when the time is up, so the socket
+    is closed, whatever the backend's own timeouts: aiohttp's 300 s, botocore's
+    read timeout); sync backends run it in a daemon thread, left behind if it
+    never returns."""
+    coro = getattr(fs, "_" + method, None) if getattr(fs, "async_impl", False) else None
+    if coro is not None and getattr(fs, "loop", None) is not None:
+        from fsspec.asyn import sync
+        from fsspec.exceptions import FSTimeoutError
+
+        try:
+            return sync(fs.loop, coro, *args, timeout=timeout, **kwargs)
+        except FSTimeoutError:
+            raise NetworkTimeout(f"no answer within {timeout:g} s") from None
+    return _in_thread(getattr(fs, method), args, kwargs, timeout)
+
+
+def _in_thread(fn, args, kwargs, timeout: float):
+    box: dict[str, Any] = {}
+    done = threading.Event()
+
+    def run():
+        try:
+            box["value"] = fn(*args, **kwargs)
+        except BaseException as exc:  # handed to the caller below
+            box["error"] = exc
+        finally:
+            done.set()
+
+    threading.Thread(target=run, name="streambatch-io", daemon=True).start()
+    if not done.wait(timeout):
+        raise NetworkTimeout(f"no answer within {timeout:g} s")
+    if "error" in box:
+        raise box["error"]
+    return box["value"]
+
+
+def normalize_etag(etag: Any) -> str | None:
+    """ETags compare without quotes and weak-validator prefixes; None if absent."""
+    if etag is None:
+        return None
+    s = str(etag).strip()
+    if s.startswith("W/"):
+        s = s[2:]
+    return s.strip('"') or None
+
+
+def object_identity(info: dict) -> tuple[int | None, str | None]:
+    """(size, etag) from an fsspec ``info()`` dict: the ETag (S3, HTTP, GCS)
+    or, on the Hub, the blob's id / LFS sha256."""
+    size = info.get("size")
+    tag = info.get("ETag") or info.get("etag") or info.get("blob_id")
+    if tag is None and isinstance(info.get("lfs"), dict):
+        tag = info["lfs"].get("sha256")
+    if tag is None:
+        tag = info.get("generation") or info.get("md5Hash")
+    return (int(size) if size is not None else None), normalize_etag(tag)
+
+
+def object_info(fs, path: str, timeout: float) -> tuple[int | None, str | None]:
+    """(size, identity tag) of one object in one metadata request. gcsfs's
+    ``info()`` also lists the parent "directory" (a second request, racing the
+    first); asking for the object itself is what an object needs."""
+    if hasattr(fs, "_get_object") and getattr(fs, "async_impl", False):
+        return object_identity(call(fs, "get_object", path, timeout=timeout))
+    return object_identity(call(fs, "info", path, timeout=timeout))
+
+
+class IOStats:
+    """Thread-safe counters of one process's remote I/O."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self.requests = self.bytes = self.retries = 0
+
+    def add(self, requests: int = 0, nbytes: int = 0, retries: int = 0) -> None:
+        with self._lock:
+            self.requests += requests
+            self.bytes += nbytes
+            self.retries += retries
+
+    def as_dict(self) -> dict[str, int]:
+        return {"requests": self.requests, "bytes": self.bytes, "retries": self.retries}
