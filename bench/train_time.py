@@ -23,9 +23,16 @@ a busy shared machine inflates far less than wall time):
    (optimizer, launches) is inside every timed batch.
 4. Steps are subsampled, stratified: a planner's steps are sorted by
    predicted time, cut into ``--strata`` groups of equal count, one step
-   drawn (seeded) from each is timed, and the epoch estimate is the sum of
-   each group's size times its timed step. Planners are timed interleaved
-   (stratum by stratum), so the machine's drift is shared.
+   drawn (seeded) from each is timed, and the epoch estimate is the sum over
+   groups of the group's predicted time times its timed step's measured /
+   predicted ratio (a ratio estimator: the steps of a group differ in size,
+   and the model's prediction carries that, so the estimate's spread is the
+   model's error, not the spread of step sizes inside a group; with
+   ``--plain`` the group's size times its timed step instead). Each timed
+   batch is the median of ``--repeats`` runs: the slowest of W single
+   timings is biased upwards by the machine's noise, and most for the
+   best-balanced steps. Planners are timed interleaved (stratum by stratum),
+   so the machine's drift is shared.
 
 Reported per planner: steps, the estimated epoch time and samples/s, the
 fitted model's predicted epoch time, and its error per timed step (median,
@@ -49,6 +56,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from model import make_step  # noqa: E402
 from quality import lhotse_planner, steps_from_stream, steps_of  # noqa: E402
 
+from streambatch.cli.metrics import Batches, time_report  # noqa: E402
 from streambatch.core.cost import CostModel  # noqa: E402
 from streambatch.planners import make_plan  # noqa: E402
 
@@ -105,11 +113,13 @@ def main() -> None:
     ap.add_argument("--cap", type=int, default=64)
     ap.add_argument("--strata", type=int, default=16, help="timed steps per planner")
     ap.add_argument("--top-ranks", type=int, default=4, help="batches timed per step at W > 8")
-    ap.add_argument("--quick", action="store_true", help="8 strata, 3 top ranks")
+    ap.add_argument("--repeats", type=int, default=3, help="timed runs per batch (median)")
+    ap.add_argument("--plain", action="store_true", help="plain stratified estimate (group size x timed step)")
+    ap.add_argument("--quick", action="store_true", help="8 strata, 3 top ranks, 1 run per batch")
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
     if args.quick:
-        args.strata, args.top_ranks = 8, 3
+        args.strata, args.top_ranks, args.repeats = 8, 3, 1
     step = make_step(seed=args.seed)
     t0 = time.perf_counter()
     # CPU seconds of the one torch thread (time.process_time): on a shared machine wall time follows the load
@@ -155,25 +165,45 @@ def main() -> None:
                     times = []
                     for r in ranks.tolist():
                         b, L = int(d["sizes"][s, r]), int(d["longest"][s, r])
-                        t = time.process_time()
-                        step(b, L)
-                        times.append(time.process_time() - t)
-                    d["measured"].append((len(d["groups"][g]), max(times)))
+                        runs = []
+                        for _ in range(args.repeats):
+                            t = time.process_time()
+                            step(b, L)
+                            runs.append(time.process_time() - t)
+                        # the median of repeats: the slowest of W single noisy timings would be biased
+                        # upwards by the noise, most for the best-balanced steps (W equal batches)
+                        times.append(float(np.median(runs)))
+                    group = d["groups"][g]
+                    d["measured"].append((len(group), max(times), float(d["pred"][group].max(axis=1).sum()),
+                                          float(d["pred"][s].max())))
                     d["predicted"].append(float(d["pred"][s].max()))
+            fit = info["bucketed, fitted cost"]
+            bound = time_report(Batches(fit["sizes"], fit["longest"], np.zeros_like(fit["sizes"])), lens, cost,
+                                args.budget)["bound_seconds"]
             print(f"## {name}, N = {lens.size:,} ({reps}x the corpus), W = {w}, budget {args.budget:,} frames, "
-                  f"cap {args.cap}; {args.strata} steps timed per planner\n")
+                  f"cap {args.cap}; {args.strata} steps timed per planner, median of {args.repeats} runs per "
+                  f"batch\n")
+            print(f"Predicted epoch of any plan >= {bound:.1f} s (the fitted model's bound: every sample's own "
+                  f"cost spread evenly over W ranks, plus c0 x the fewest steps the budget allows).\n")
             print("| planner | steps | measured epoch | samples/s | predicted epoch | step error median / p90 "
                   "| vs lhotse | vs greedy |")
             print("|---|---|---|---|---|---|---|---|")
-            est = {k: sum(n * t for n, t in d["measured"]) for k, d in info.items()}
+            if args.plain:
+                est = {k: sum(n * t for n, t, _, _ in d["measured"]) for k, d in info.items()}
+            else:
+                est = {k: sum(gp * t / p for _, t, gp, p in d["measured"]) for k, d in info.items()}
             for k, d in info.items():
-                m = np.array([t for _, t in d["measured"]])
+                m = np.array([t for _, t, _, _ in d["measured"]])
                 err = np.abs(np.array(d["predicted"]) - m) / m * 100
                 vs_l = f"{est[k] / est['lhotse DynamicBucketing']:.2f}x" if "lhotse DynamicBucketing" in est else "-"
                 print(f"| {k} | {d['sizes'].shape[0]:,} | {est[k]:.1f} s | {lens.size / est[k]:,.0f} | "
                       f"{cost.epoch_time(d['pred'] - cost.c0):.1f} s | {np.median(err):.1f} % / "
                       f"{np.percentile(err, 90):.1f} % | {vs_l} | {est[k] / est['greedy (seed)']:.2f}x |")
-            print()
+            pred = {k: cost.epoch_time(d["pred"] - cost.c0) for k, d in info.items()}
+            limits = ", ".join(f"{bound / pred[k]:.2f}x {k}'s" for k in ("greedy (seed)", "lhotse DynamicBucketing")
+                               if k in pred)
+            print(f"\nPredicted: bucketed with the fitted cost {pred['bucketed, fitted cost'] / bound:.2f}x the bound; "
+                  f"no plan can predict below {limits}.\n")
 
 
 if __name__ == "__main__":
