@@ -1,6 +1,7 @@
 """Measured epoch time of a real model's training steps, side by side for
-batches from: bucketed with the fitted step cost, bucketed with B·L², greedy
-(the seed's algorithm), lhotse's DynamicBucketingSampler and a fixed batch size.
+batches from: bucketed with the fitted step cost (map-style, and streaming's
+shard read mode), bucketed with B·L², greedy (the seed's algorithm), lhotse's
+DynamicBucketingSampler and a fixed batch size.
 
     .venv/bin/python bench/train_time.py                 # CV ps + heavy-tailed, W = 8 and 64 (~15 min, 2 cores)
     .venv/bin/python bench/train_time.py --quick         # fewer timed steps (~5 min)
@@ -53,12 +54,15 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from affinity import shard_counts  # noqa: E402
 from model import make_step  # noqa: E402
 from quality import lhotse_planner, steps_from_stream, steps_of  # noqa: E402
 
 from streambatch.cli.metrics import Batches, time_report  # noqa: E402
 from streambatch.core.cost import CostModel  # noqa: E402
 from streambatch.planners import make_plan  # noqa: E402
+from streambatch.streaming.epoch.modes import iter_windows  # noqa: E402
+from streambatch.streaming.epoch.windows import WindowConfig, default_window  # noqa: E402
 
 FPS = 50
 REAL = os.path.join(os.path.dirname(__file__), "..", "..", "shared", "data", "real-lengths")
@@ -97,6 +101,21 @@ def fixed_steps(lengths: np.ndarray, w: int, budget: int, cap: int, seed: int):
         longest = m
     batches.append(np.array(cur))
     return steps_from_stream(batches, w)
+
+
+def shard_steps(lengths: np.ndarray, w: int, budget: int, cap: int, cost: CostModel, seed: int):
+    """``StreamingBatches(read_mode="shard")``'s epoch 0 over ``lengths`` in shards of 500-2,000 samples
+    (``bench/affinity.py``'s layout), planned window by window from the lengths as every rank does, as
+    [step][rank] sample arrays."""
+    counts = shard_counts(lengths.size)
+    edges = np.concatenate([[0], np.cumsum(counts)])
+    config = WindowConfig.build(budget, cap, w, True, False, seed, "bucketed", {"cost": cost},
+                                window_samples=default_window("shard", w), read_mode="shard")
+    steps = []
+    for win in iter_windows(counts, lambda s: lengths[edges[s] : edges[s + 1]], config, 0):
+        gid = edges[win.shard_ids] + win.local
+        steps += [[gid[b] for b in st] for st in steps_of(win.plan)]
+    return steps
 
 
 def shapes(lengths: np.ndarray, steps) -> tuple[np.ndarray, np.ndarray]:
@@ -144,6 +163,7 @@ def main() -> None:
                 "bucketed, B·L²": steps_of(make_plan(lens, args.budget, args.cap, w, planner="bucketed",
                                                     seed=args.seed)),
                 "greedy (seed)": steps_of(make_plan(lens, args.budget, args.cap, w, seed=args.seed)),
+                "bucketed, fitted cost, shard mode": shard_steps(lens, w, args.budget, args.cap, cost, args.seed),
                 "fixed size": fixed_steps(lens, w, args.budget, args.cap, args.seed),
             }
             lh = lhotse_steps(lens, w, args.budget, args.cap, args.seed)
