@@ -33,14 +33,19 @@ class Encoder(nn.Module):
         return self.out(self.enc(h, src_key_padding_mask=pad)).log_softmax(-1)
 
 
-def make_step(seed: int = 0, threads: int | None = 1):
+def make_step(seed: int = 0, threads: int | None = 1, wrap=None):
     """``step(batch_size, length)``: one forward + CTC backward + AdamW step on
     random features of that padded shape (``threads``: torch's intra-op
-    threads, 1 by default so timings do not fight other processes)."""
+    threads, 1 by default so timings do not fight other processes; ``wrap``:
+    applied to the model, e.g. ``DistributedDataParallel`` for a real
+    multi-process step with its gradient all-reduce)."""
     if threads is not None:
         torch.set_num_threads(threads)
     g = torch.Generator().manual_seed(seed)
+    torch.manual_seed(seed)  # the same initial weights in every process
     model = Encoder()
+    if wrap is not None:
+        model = wrap(model)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
     ctc = nn.CTCLoss(zero_infinity=True)
 

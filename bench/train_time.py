@@ -1,6 +1,7 @@
 """Measured epoch time of a real model's training steps, side by side for
-batches from: bucketed with the fitted step cost, bucketed with B·L², greedy
-(the seed's algorithm), lhotse's DynamicBucketingSampler and a fixed batch size.
+batches from: bucketed with the fitted step cost (map-style, and streaming's
+shard read mode), bucketed with B·L², greedy (the seed's algorithm), lhotse's
+DynamicBucketingSampler and a fixed batch size.
 
     .venv/bin/python bench/train_time.py                 # CV ps + heavy-tailed, W = 8 and 64 (~15 min, 2 cores)
     .venv/bin/python bench/train_time.py --quick         # fewer timed steps (~5 min)
@@ -23,9 +24,16 @@ a busy shared machine inflates far less than wall time):
    (optimizer, launches) is inside every timed batch.
 4. Steps are subsampled, stratified: a planner's steps are sorted by
    predicted time, cut into ``--strata`` groups of equal count, one step
-   drawn (seeded) from each is timed, and the epoch estimate is the sum of
-   each group's size times its timed step. Planners are timed interleaved
-   (stratum by stratum), so the machine's drift is shared.
+   drawn (seeded) from each is timed, and the epoch estimate is the sum over
+   groups of the group's predicted time times its timed step's measured /
+   predicted ratio (a ratio estimator: the steps of a group differ in size,
+   and the model's prediction carries that, so the estimate's spread is the
+   model's error, not the spread of step sizes inside a group; with
+   ``--plain`` the group's size times its timed step instead). Each timed
+   batch is the median of ``--repeats`` runs: the slowest of W single
+   timings is biased upwards by the machine's noise, and most for the
+   best-balanced steps. Planners are timed interleaved (stratum by stratum),
+   so the machine's drift is shared.
 
 Reported per planner: steps, the estimated epoch time and samples/s, the
 fitted model's predicted epoch time, and its error per timed step (median,
@@ -46,11 +54,15 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from affinity import shard_counts  # noqa: E402
 from model import make_step  # noqa: E402
 from quality import lhotse_planner, steps_from_stream, steps_of  # noqa: E402
 
+from streambatch.cli.metrics import Batches, time_report  # noqa: E402
 from streambatch.core.cost import CostModel  # noqa: E402
 from streambatch.planners import make_plan  # noqa: E402
+from streambatch.streaming.epoch.modes import iter_windows  # noqa: E402
+from streambatch.streaming.epoch.windows import WindowConfig, default_window  # noqa: E402
 
 FPS = 50
 REAL = os.path.join(os.path.dirname(__file__), "..", "..", "shared", "data", "real-lengths")
@@ -91,6 +103,21 @@ def fixed_steps(lengths: np.ndarray, w: int, budget: int, cap: int, seed: int):
     return steps_from_stream(batches, w)
 
 
+def shard_steps(lengths: np.ndarray, w: int, budget: int, cap: int, cost: CostModel, seed: int):
+    """``StreamingBatches(read_mode="shard")``'s epoch 0 over ``lengths`` in shards of 500-2,000 samples
+    (``bench/affinity.py``'s layout), planned window by window from the lengths as every rank does, as
+    [step][rank] sample arrays."""
+    counts = shard_counts(lengths.size)
+    edges = np.concatenate([[0], np.cumsum(counts)])
+    config = WindowConfig.build(budget, cap, w, True, False, seed, "bucketed", {"cost": cost},
+                                window_samples=default_window("shard", w), read_mode="shard")
+    steps = []
+    for win in iter_windows(counts, lambda s: lengths[edges[s] : edges[s + 1]], config, 0):
+        gid = edges[win.shard_ids] + win.local
+        steps += [[gid[b] for b in st] for st in steps_of(win.plan)]
+    return steps
+
+
 def shapes(lengths: np.ndarray, steps) -> tuple[np.ndarray, np.ndarray]:
     sizes = np.array([[b.size for b in st] for st in steps], dtype=np.int64)
     longest = np.array([[int(lengths[b].max()) if b.size else 0 for b in st] for st in steps], dtype=np.int64)
@@ -105,11 +132,13 @@ def main() -> None:
     ap.add_argument("--cap", type=int, default=64)
     ap.add_argument("--strata", type=int, default=16, help="timed steps per planner")
     ap.add_argument("--top-ranks", type=int, default=4, help="batches timed per step at W > 8")
-    ap.add_argument("--quick", action="store_true", help="8 strata, 3 top ranks")
+    ap.add_argument("--repeats", type=int, default=3, help="timed runs per batch (median)")
+    ap.add_argument("--plain", action="store_true", help="plain stratified estimate (group size x timed step)")
+    ap.add_argument("--quick", action="store_true", help="8 strata, 3 top ranks, 1 run per batch")
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
     if args.quick:
-        args.strata, args.top_ranks = 8, 3
+        args.strata, args.top_ranks, args.repeats = 8, 3, 1
     step = make_step(seed=args.seed)
     t0 = time.perf_counter()
     # CPU seconds of the one torch thread (time.process_time): on a shared machine wall time follows the load
@@ -134,6 +163,7 @@ def main() -> None:
                 "bucketed, B·L²": steps_of(make_plan(lens, args.budget, args.cap, w, planner="bucketed",
                                                     seed=args.seed)),
                 "greedy (seed)": steps_of(make_plan(lens, args.budget, args.cap, w, seed=args.seed)),
+                "bucketed, fitted cost, shard mode": shard_steps(lens, w, args.budget, args.cap, cost, args.seed),
                 "fixed size": fixed_steps(lens, w, args.budget, args.cap, args.seed),
             }
             lh = lhotse_steps(lens, w, args.budget, args.cap, args.seed)
@@ -155,25 +185,45 @@ def main() -> None:
                     times = []
                     for r in ranks.tolist():
                         b, L = int(d["sizes"][s, r]), int(d["longest"][s, r])
-                        t = time.process_time()
-                        step(b, L)
-                        times.append(time.process_time() - t)
-                    d["measured"].append((len(d["groups"][g]), max(times)))
+                        runs = []
+                        for _ in range(args.repeats):
+                            t = time.process_time()
+                            step(b, L)
+                            runs.append(time.process_time() - t)
+                        # the median of repeats: the slowest of W single noisy timings would be biased
+                        # upwards by the noise, most for the best-balanced steps (W equal batches)
+                        times.append(float(np.median(runs)))
+                    group = d["groups"][g]
+                    d["measured"].append((len(group), max(times), float(d["pred"][group].max(axis=1).sum()),
+                                          float(d["pred"][s].max())))
                     d["predicted"].append(float(d["pred"][s].max()))
+            fit = info["bucketed, fitted cost"]
+            bound = time_report(Batches(fit["sizes"], fit["longest"], np.zeros_like(fit["sizes"])), lens, cost,
+                                args.budget)["bound_seconds"]
             print(f"## {name}, N = {lens.size:,} ({reps}x the corpus), W = {w}, budget {args.budget:,} frames, "
-                  f"cap {args.cap}; {args.strata} steps timed per planner\n")
+                  f"cap {args.cap}; {args.strata} steps timed per planner, median of {args.repeats} runs per "
+                  f"batch\n")
+            print(f"Predicted epoch of any plan >= {bound:.1f} s (the fitted model's bound: every sample's own "
+                  f"cost spread evenly over W ranks, plus c0 x the fewest steps the budget allows).\n")
             print("| planner | steps | measured epoch | samples/s | predicted epoch | step error median / p90 "
                   "| vs lhotse | vs greedy |")
             print("|---|---|---|---|---|---|---|---|")
-            est = {k: sum(n * t for n, t in d["measured"]) for k, d in info.items()}
+            if args.plain:
+                est = {k: sum(n * t for n, t, _, _ in d["measured"]) for k, d in info.items()}
+            else:
+                est = {k: sum(gp * t / p for _, t, gp, p in d["measured"]) for k, d in info.items()}
             for k, d in info.items():
-                m = np.array([t for _, t in d["measured"]])
+                m = np.array([t for _, t, _, _ in d["measured"]])
                 err = np.abs(np.array(d["predicted"]) - m) / m * 100
                 vs_l = f"{est[k] / est['lhotse DynamicBucketing']:.2f}x" if "lhotse DynamicBucketing" in est else "-"
                 print(f"| {k} | {d['sizes'].shape[0]:,} | {est[k]:.1f} s | {lens.size / est[k]:,.0f} | "
                       f"{cost.epoch_time(d['pred'] - cost.c0):.1f} s | {np.median(err):.1f} % / "
                       f"{np.percentile(err, 90):.1f} % | {vs_l} | {est[k] / est['greedy (seed)']:.2f}x |")
-            print()
+            pred = {k: cost.epoch_time(d["pred"] - cost.c0) for k, d in info.items()}
+            limits = ", ".join(f"{bound / pred[k]:.2f}x {k}'s" for k in ("greedy (seed)", "lhotse DynamicBucketing")
+                               if k in pred)
+            print(f"\nPredicted: bucketed with the fitted cost {pred['bucketed, fitted cost'] / bound:.2f}x the bound; "
+                  f"no plan can predict below {limits}.\n")
 
 
 if __name__ == "__main__":
