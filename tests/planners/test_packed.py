@@ -90,7 +90,8 @@ def test_rotate_ranks_moves_whole_batches():
         for j in range(3):
             r = (j + rot[s]) % 3
             b = s * 3 + j
-            assert out[new_off[s * 3 + r] : new_off[s * 3 + r + 1]].tolist() == samples[offsets[b] : offsets[b + 1]].tolist()
+            moved = out[new_off[s * 3 + r] : new_off[s * 3 + r + 1]]
+            assert moved.tolist() == samples[offsets[b] : offsets[b + 1]].tolist()
 
 
 # ------------------------------------------------------------ plans
