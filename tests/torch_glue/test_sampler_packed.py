@@ -8,6 +8,7 @@ from __future__ import annotations
 import collections
 
 import numpy as np
+import pytest
 import torch
 from torch.utils.data import DataLoader
 
@@ -102,3 +103,12 @@ def test_dataloader_with_collate_packed():
         assert batch["features"].shape == (n, 4) and (n <= BUDGET or len(idx) == 1)
         cu = batch["cu_seqlens"].tolist()
         assert [int(batch["features"][cu[j], 0]) for j in range(len(idx))] == idx
+
+
+def test_packed_and_padded_states_do_not_mix():
+    state = sampler(0, 2).state_dict()
+    padded = DynamicBatchSampler(LENGTHS, BUDGET, CAP, rank=0, world_size=2, seed=4, planner="bucketed")
+    with pytest.raises(ValueError, match="different configuration"):
+        padded.load_state_dict(state)
+    with pytest.raises(ValueError, match="different configuration"):
+        sampler(0, 2).load_state_dict(padded.state_dict())
