@@ -101,9 +101,9 @@ def test_sdpa_packed_forward_and_gradients_equal_unpacked(setup):
             torch.testing.assert_close(gp, p.grad, rtol=1e-8, atol=1e-10)
         checked += 1
         multi += len(idx) > 1
-        if checked == 3:
+        if checked == 2:
             break
-    assert checked == 3 and multi >= 2  # packs of several samples, not only lone ones
+    assert checked == 2 and multi == 2  # packs of several samples, not only lone ones
 
 
 def test_the_mask_matters(setup):
@@ -116,6 +116,7 @@ def test_the_mask_matters(setup):
     assert not torch.allclose(unmasked, packed)
 
 
+@pytest.mark.slow  # create_block_mask's first call costs ~2 s of set-up on this CPU; the SDPA check is the fast one
 def test_flex_attention_document_mask_forward(setup):
     flex = pytest.importorskip("torch.nn.attention.flex_attention")
     model, lengths, feats = setup
