@@ -51,9 +51,9 @@ Packed batches (``pack=True``: the sum of a batch's lengths within the
 budget, its cost the sum of its samples' costs): the same cut, pooling and
 tail, with the walk of ``affinity_kernels.packed_affine_steps`` (prefixes
 of each rank's ascending lengths, their costs and tokens summed) and the
-pool planned packed.
-Holder swaps are then only the cost-checked ones (``relax_to_holders``):
-the size-and-longest-keeping swaps do not keep a packed batch's sum.
+pool planned packed. Holder swaps are then only the cost-checked ones
+(``relax_to_holders``): the size-and-longest-keeping swaps do not keep a
+packed batch's sum.
 
 A rank's batches mix all of its window share, so it needs its whole share
 (about window bytes / W) before the window's first step; prefetching the
