@@ -41,9 +41,9 @@ def naive_pack(slen: list[int], skey: list[float], w: int, tokens: int, cap: int
             if not bins[b]:
                 j = max(i for i in range(n) if free[i])  # an empty bin takes the longest, whatever it is
             else:
-                room = tokens - t[b]  # the longest length within the token room and the cost cap
+                room = tokens - t[b]  # the longest length within the token room and the cost cap (-1: none)
                 if max_cost < I64_MAX:
-                    room = max([x for x in range(0, max(room, 0) + 1) if cost(x) <= max_cost - c[b]], default=-1)
+                    room = max([x for x in range(0, room + 1) if cost(x) <= max_cost - c[b]], default=-1)
                 fits = [i for i in range(n) if free[i] and skey[i] <= room and slen[i] <= room]
                 if len(bins[b]) >= cap or not fits:
                     shut[b] = True
@@ -109,12 +109,12 @@ COSTS = [CostModel.quadratic(), CostModel.linear(), CostModel.quadratic_duration
 @settings(max_examples=examples(100), deadline=None)
 @given(st.lists(st.integers(0, 300), max_size=200).map(lambda x: np.array(x, dtype=np.int64)),
        st.integers(1, 2000), st.integers(1, 40), st.integers(1, 8), st.sampled_from(range(len(COSTS))),
-       st.one_of(st.none(), st.floats(0.5, 5.0)), st.booleans(), st.integers(0, 2**40))
+       st.one_of(st.none(), st.floats(1.0, 5.0)), st.booleans(), st.integers(0, 2**40))
 def test_packed_budget_and_cost_cap_under_every_cost(lengths, tokens, size, world, which, cap_ratio, drop_last, seed):
     cost = COSTS[which]
     max_step_cost = None
     if cap_ratio is not None and lengths.size:
-        # a cap at some multiple of the longest sample's cost alone, in the model's units
+        # a cap at 1-5x the longest sample's cost alone, in the model's units (below 1 unit: a ValueError, tested)
         max_step_cost = cap_ratio * float(cost.batch_cost(1, max(int(lengths.max()), 1)))
     p = make_plan(lengths, tokens, size, world, drop_last=drop_last, seed=seed, planner="bucketed", pack=True,
                   cost=cost, max_step_cost=max_step_cost)
@@ -169,6 +169,8 @@ def test_pack_option_checks():
         make_plan([1, 2, 3], 100, pack=True)
     with pytest.raises(TypeError, match="pack must be True or False"):
         make_plan([1, 2, 3], 100, planner="bucketed", pack="yes")
+    with pytest.raises(ValueError, match="below the cost of any batch"):
+        make_plan([0, 3], 100, planner="bucketed", pack=True, max_step_cost=0.5)
     p = make_plan([5, 1, 1, 1, 200], 10, 4, 2, planner="bucketed", pack=True, shuffle=False)
     # sum-based: (5, 1, 1, 1) is one batch of 8 tokens; padded it would be 4 x 5 = 20 > 10
     assert sorted(len(p.batch(s, r)) for s in range(p.num_steps) for r in range(2)) == [1, 4]
