@@ -21,6 +21,7 @@ _LAZY = {
     "ShardError": ".streaming",
     "CacheError": ".streaming",
     "collate_audio": ".streaming",
+    "collate_packed": ".streaming.formats.packed",
     "decode_audio": ".streaming",
     "GlobalBatchSampler": ".integrations.accelerate",
     "seconds_to_frames": ".core.units",

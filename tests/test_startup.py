@@ -91,5 +91,7 @@ def test_warmup_compiles_every_kernel(capsys):
                  "streambatch.planners.bucketed.sort.bucket_sort", "streambatch.core.shuffle.fisher_yates_range",
                  "streambatch.core.hashing.hash_array", "streambatch.core.shuffle.feistel_range",
                  "streambatch.planners.interleave.deficit_order",
-                 "streambatch.streaming.epoch.affinity.kernels.affine_steps"):
+                 "streambatch.streaming.epoch.affinity.kernels.affine_steps",
+                 "streambatch.planners.packed.kernels.pack_steps",
+                 "streambatch.streaming.epoch.affinity.kernels.packed_affine_steps"):
         assert sigs.get(name, 0) >= 1, name

@@ -49,12 +49,15 @@ def warm_all() -> None:
                 for w in (1, 2):
                     plan = make_plan(lengths, 400, 8, w, shuffle, drop_last, planner=planner)
                     plan.fingerprint()
+                    if "pack" in PLANNERS[planner].option_names():  # packed batches: their own kernels
+                        make_plan(lengths, 400, 8, w, shuffle, drop_last, planner=planner, pack=True)
             make_plan(long, 400, 8, 2, shuffle, planner=planner)
     mix = Mix.build((150, 150))
     drawn = mix.draw(0, 0, True)
     plan = make_plan(lengths[drawn], 400, 8, 2, planner="greedy")
     interleave_steps(plan, source_labels(mix.source_of(drawn), mix.num_sources), mix.num_sources)
     warm_up(400, 8, 2, {})
+    warm_up(400, 8, 2, {"pack": True})
     permutation_slice(SMALL + 1, 1, 0, 4)  # a large source's cycles (Feistel; small ones shuffle in place)
 
 

@@ -18,10 +18,16 @@ batch of a step, so ranks are balanced under ``c1 * B * L + c2 * B * L**2``:
 up to a constant factor that is ``quadratic_duration`` with ``q = c1 / c2``
 (rounded), ``linear`` when ``c2 = 0`` and ``quadratic`` when ``c1 = 0``, and
 the kernels get exactly that model. ``c0`` counts in the epoch time,
-``sum over steps of (c0 + the step's costliest batch)``. Kernels get
-the model as two integers, ``coefficients``, and compute ``scale * cost`` in
-int64 (``scale`` is ``q`` for quadratic_duration, 1 otherwise), so no float
-ever decides a plan.
+``sum over steps of (c0 + the step's costliest batch)``.
+
+A *packed* batch (``pack=True``: samples concatenated, attention restricted
+to each one) has no padding: it costs the sum of its samples' costs alone,
+``sum(c1 * L + c2 * L**2)`` (``packed_cost``), and the same coefficients
+balance it.
+
+Kernels get the model as two integers, ``coefficients``, and compute
+``scale * cost`` in int64 (``scale`` is ``q`` for quadratic_duration, 1
+otherwise), so no float ever decides a plan.
 """
 
 from __future__ import annotations
@@ -176,6 +182,28 @@ class CostModel:
             m = np.asarray(max_len, dtype=np.float64)
             return b * m * (self.c1 + self.c2 * m)
         return self.scaled(count, max_len) / float(self.scale)
+
+    def packed_cost(self, lengths: ArrayLike, offsets: ArrayLike | None = None) -> np.ndarray:
+        """Cost of packed (padding-free) batches: a batch whose samples are
+        concatenated, with attention restricted to each sample (varlen), costs
+        the sum of what its samples cost alone, ``sum(c1 * L + c2 * L**2)``
+        (the plain kinds: ``sum(L)``, ``sum(L**2)``, ``sum(L + L**2 / q)``).
+
+        lengths: (n,) lengths grouped by batch; offsets: (nb + 1,) int64
+        batch bounds (batch b is ``lengths[offsets[b]:offsets[b + 1]]``; None:
+        one batch). Returns (nb,) float64 (seconds without ``c0`` for ``step``).
+        """
+        per_sample = self.batch_cost(1, np.asarray(lengths, dtype=np.int64))
+        run = np.concatenate([[0.0], np.cumsum(np.atleast_1d(per_sample))])
+        if offsets is None:
+            return run[-1:].copy()
+        off = np.asarray(offsets, dtype=np.int64)
+        return run[off[1:]] - run[off[:-1]]
+
+    def packed_scaled(self, lengths: ArrayLike) -> np.ndarray:
+        """(n,) int64 ``scale * cost`` of each sample alone, as the packed
+        kernels compute it (a packed batch's is their sum)."""
+        return self.scaled(1, lengths)
 
     def epoch_time(self, step_costs: ArrayLike) -> float:
         """``sum over steps of (per_step + the step's costliest batch)`` from

@@ -17,7 +17,9 @@ them for every registered planner):
   them into the next window, so a planner that drops silently loses data;
 - no batch holds more than ``max_batch_size`` samples or more than
   ``max_batch_tokens`` padded tokens (count x longest), except a lone sample
-  longer than the budget;
+  longer than the budget; a planner that packs (``Planner.packs``: its
+  ``pack`` option is True) counts real tokens instead (sum of lengths: the
+  samples are concatenated, no padding);
 - the plan is a pure function of its arguments: same input, same plan; other
   epochs (with shuffling) give other plans.
 """
@@ -32,6 +34,8 @@ import numpy as np
 
 from ..core.cost import ALL_KINDS, CostModel
 from ..core.plan import Plan
+
+PACK_OPTION = "pack"  # the option name that switches a planner to packed batches (``Planner.packs``)
 
 
 class PlanFunction(Protocol):
@@ -108,7 +112,8 @@ class Planner:
         unknown = sorted(set(options) - set(names))
         if unknown:
             valid = f"its options are {names}" if names else "it takes no options"
-            raise UnknownOptionError(f"planner {self.name!r} got unknown option(s) {unknown}; {valid}")
+            hint = "; packed batches are planner='bucketed', pack=True" if PACK_OPTION in unknown else ""
+            raise UnknownOptionError(f"planner {self.name!r} got unknown option(s) {unknown}; {valid}{hint}")
         out = {}
         for o in self.options:
             out[o.name] = o.check(options[o.name]) if o.name in options else o.default
@@ -116,6 +121,12 @@ class Planner:
         if isinstance(cost, CostModel) and cost.kind not in self.costs:
             raise ValueError(f"planner {self.name!r} balances under cost kinds {list(self.costs)}, not {cost.kind!r}")
         return out
+
+    def packs(self, resolved: Mapping[str, Any]) -> bool:
+        """Whether plans with these (resolved) options are packed: batches
+        within ``sum(L) <= max_batch_tokens`` rather than count x longest.
+        The option that says so is named ``pack`` in every planner."""
+        return bool(resolved.get(PACK_OPTION, False)) and PACK_OPTION in self.option_names()
 
     def cost_model(self, resolved: Mapping[str, Any]) -> CostModel:
         """The cost model a plan with these (resolved) options balances under."""

@@ -43,7 +43,8 @@ class DynamicBatchSampler(SamplerStateMixin, Sampler[list[int]]):
 
     Args:
         lengths: (N,) per-sample lengths (list, numpy array or torch tensor).
-        max_batch_tokens: budget for batch size x longest length.
+        max_batch_tokens: budget for batch size x longest length (packed
+            batches, ``planner="bucketed", pack=True``: for the sum of lengths).
         max_batch_size: cap on samples per batch.
         shuffle, drop_last, seed: as in the seed sampler.
         rank, world_size: this rank and the data-parallel world size; ``None``

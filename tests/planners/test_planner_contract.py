@@ -21,10 +21,16 @@ from streambatch.planners import PLANNERS, Planner, UnknownOptionError, register
 from helpers import examples
 
 NAMES = sorted(PLANNERS)
+# Every registered planner, and each that packs (``Planner.packs``) once more with its ``pack`` option on: the
+# packed budget rule (sum of lengths) is its own contract, checked by the same tests.
+CONFIGS = [(n, {}) for n in NAMES] + [(n, {"pack": True}) for n in NAMES if "pack" in PLANNERS[n].option_names()]
+IDS = [n + ("-packed" if o else "") for n, o in CONFIGS]
 
 
-def check_plan(p, lengths: np.ndarray, tokens: int, size: int, world: int, drop_last: bool) -> None:
-    """Every promise a single plan makes."""
+def check_plan(p, lengths: np.ndarray, tokens: int, size: int, world: int, drop_last: bool,
+               packed: bool = False) -> None:
+    """Every promise a single plan makes; ``packed``: the budget counts real
+    tokens (sum of lengths) instead of padded ones (count x longest)."""
     n = lengths.size
     sizes = p.batch_sizes()
     assert sizes.shape == (p.num_steps, world)
@@ -49,21 +55,24 @@ def check_plan(p, lengths: np.ndarray, tokens: int, size: int, world: int, drop_
             b = p.batch(s, r)
             if b.size > 1:
                 assert b.size <= size
-                assert b.size * int(lengths[b].max()) <= tokens
+                used = int(lengths[b].sum()) if packed else b.size * int(lengths[b].max())
+                assert used <= tokens, f"step {s} rank {r}: {used} tokens over the budget {tokens}"
 
 
 lengths_st = st.lists(st.integers(0, 400), max_size=300).map(lambda x: np.array(x, dtype=np.int64))
 
 
-@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("name, options", CONFIGS, ids=IDS)
 @settings(max_examples=examples(150), deadline=None)
 @given(lengths=lengths_st, tokens=st.integers(1, 3000), size=st.integers(1, 70), world=st.integers(1, 9),
        shuffle=st.booleans(), drop_last=st.booleans(), seed=st.integers(-2**40, 2**40), epoch=st.integers(0, 5))
-def test_contract(name, lengths, tokens, size, world, shuffle, drop_last, seed, epoch):
+def test_contract(name, options, lengths, tokens, size, world, shuffle, drop_last, seed, epoch):
     kw = dict(max_batch_tokens=tokens, max_batch_size=size, world_size=world, shuffle=shuffle,
-              drop_last=drop_last, seed=seed, epoch=epoch, planner=name)
+              drop_last=drop_last, seed=seed, epoch=epoch, planner=name, **options)
     p = make_plan(lengths, **kw)
-    check_plan(p, lengths, tokens, size, world, drop_last)
+    packed = PLANNERS[name].packs(PLANNERS[name].resolve(options))
+    assert packed == bool(options)
+    check_plan(p, lengths, tokens, size, world, drop_last, packed)
     # a pure function of its input: the same plan again, with a stable fingerprint
     q = make_plan(lengths.copy(), **kw)
     assert np.array_equal(p.samples, q.samples) and np.array_equal(p.offsets, q.offsets)
@@ -71,10 +80,10 @@ def test_contract(name, lengths, tokens, size, world, shuffle, drop_last, seed, 
     assert p.fingerprint() == q.fingerprint() == pickle.loads(pickle.dumps(p)).fingerprint()
 
 
-@pytest.mark.parametrize("name", NAMES)
-def test_epochs_and_seeds_differ(name):
+@pytest.mark.parametrize("name, options", CONFIGS, ids=IDS)
+def test_epochs_and_seeds_differ(name, options):
     lengths = np.random.default_rng(0).integers(20, 800, 3000)
-    kw = dict(max_batch_tokens=4000, max_batch_size=32, world_size=4, planner=name)
+    kw = dict(max_batch_tokens=4000, max_batch_size=32, world_size=4, planner=name, **options)
     plans = [make_plan(lengths, seed=s, epoch=e, **kw) for s, e in ((1, 0), (1, 1), (3, 0))]
     prints = {p.fingerprint() for p in plans}
     # (the seed-exact planner seeds with seed + epoch, as the seed does: (1, 1) and (2, 0) coincide there)
@@ -83,8 +92,8 @@ def test_epochs_and_seeds_differ(name):
     assert fixed[0] == fixed[1], "without shuffling, seed and epoch must not matter"
 
 
-@pytest.mark.parametrize("name", NAMES)
-def test_streaming_leftover_rule(name):
+@pytest.mark.parametrize("name, options", CONFIGS, ids=IDS)
+def test_streaming_leftover_rule(name, options):
     """With drop_last, what is not planned comes back as leftover; planning the
     leftover with the next window's samples loses nothing (what streaming does)."""
     rng = np.random.default_rng(5)
@@ -94,8 +103,8 @@ def test_streaming_leftover_rule(name):
     for w, window in enumerate(np.array_split(np.arange(lengths.size), 4)):
         ids = np.concatenate([carry, window])
         last = w == 3
-        p = make_plan(lengths[ids], 6000, 24, 8, drop_last=not last, seed=w, planner=name)
-        check_plan(p, lengths[ids], 6000, 24, 8, not last)
+        p = make_plan(lengths[ids], 6000, 24, 8, drop_last=not last, seed=w, planner=name, **options)
+        check_plan(p, lengths[ids], 6000, 24, 8, not last, bool(options))
         seen += ids[np.unique(p.samples)].tolist()
         carry = ids[p.leftover] if not last else carry[:0]
     assert sorted(seen) == list(range(lengths.size))

@@ -28,6 +28,12 @@ Options (keywords of ``make_plan``):
   taking longer. A lone sample above it still forms a batch of one, as with
   the token budget.
 
+- ``pack`` (default False): plan packed, padding-free batches instead
+  (``planners/packed/plan.py``): ``sum(L) <= max_batch_tokens`` per batch,
+  balanced under the packed cost ``sum(c1 * L + c2 * L**2)``, for models
+  whose attention is restricted to each sample of a concatenated sequence.
+  ``bucket_width`` then sets how far the length order is jittered.
+
 ``drop_last=True`` leaves out (and returns as ``Plan.leftover``) the samples
 that cannot complete a step; without it they are dealt evenly into the final
 one or two steps, and a final step of fewer than W samples is padded as the
@@ -43,6 +49,7 @@ import numpy as np
 
 from ...core.cost import INT64_MAX, CostModel, resolve_cost
 from ...core.plan import Plan, assemble, finish_last_step
+from ...core.validation import check_flag
 from ..base import Option, Planner
 from ..greedy.plan import index_dtype
 
@@ -140,6 +147,10 @@ def check_max_step_cost(max_step_cost: Any) -> float | None:
     return value
 
 
+def check_pack(pack: Any) -> bool:
+    return check_flag("pack", pack)
+
+
 def check_options(options: dict[str, Any]) -> tuple[float, CostModel, float | None]:
     """Validated (bucket_width, cost model, max_step_cost) from ``options``."""
     o = PLANNER.resolve(options)
@@ -158,6 +169,12 @@ def plan_bucketed(lengths: np.ndarray, max_batch_tokens: int, max_batch_size: in
     from ...core.compile_once import compile_once
 
     width, cost, max_step_cost = check_options(options)
+    if options.get("pack"):
+        from ..packed.plan import plan_packed
+
+        return plan_packed(lengths, max_batch_tokens, max_batch_size, world_size, shuffle, drop_last, seed, epoch,
+                           width, cost, max_step_cost)
+
     n = lengths.shape[0]
     w = world_size
     dtype = index_dtype(n)
@@ -192,7 +209,7 @@ def _lay_out(lengths: np.ndarray, lmax: int, tokens: int, cap: int, w: int, coef
              dtype: type, len_dtype: type) -> Plan:
     """The kernel calls of ``plan_bucketed``: sort into buckets, lay steps out
     from both ends, finish the rest, shuffle the step order."""
-  # lazy for start-up: no numba before the first plan
+    # lazy for start-up: no numba before the first plan
     from .kernels import bucket_sort, plan_steps, step_permutation, table_size
 
     n = lengths.shape[0]
@@ -239,6 +256,7 @@ PLANNER = Planner(
                "relative width of a length bucket, in [0.001, 1]: wider shuffles more and pads more"),
         Option("cost", CostModel.quadratic(), resolve_cost, "the CostModel ranks are balanced under"),
         Option("max_step_cost", None, check_max_step_cost, "cap on every batch's cost (cost units), or None"),
+        Option("pack", False, check_pack, "packed, padding-free batches: sum(L) <= max_batch_tokens, varlen cost"),
     ),
     costs=("quadratic", "linear", "quadratic_duration", "step"),
     summary="length buckets, each step's W batches laid out to cost the same (recommended for new runs)",

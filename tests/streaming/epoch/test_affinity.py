@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from streambatch.streaming import StreamingBatches, index_shards
-from streambatch.streaming.epoch.affinity.kernels import affine_steps
+from streambatch.streaming.epoch.affinity.kernels import affine_steps, packed_affine_steps
 from streambatch.streaming.epoch.affinity.plan import cut_points, plan_affine_window, water_levels
 from streambatch.streaming.epoch.modes import iter_windows, summarize
 from streambatch.streaming.epoch.windows import WindowConfig
@@ -63,6 +63,53 @@ def test_walk_matches_naive_twin(w, pool, tokens, cap, rnd):
     assert pos.tolist() == want_pos
 
 
+def naive_packed_walk(slen, starts, tokens, cap, max_cost):
+    """The walk of ``packed_affine_steps`` (quadratic cost): prefixes whose
+    tokens and costs are sums over their samples, written out."""
+    w = len(starts) - 1
+    pos = list(starts[:-1])
+    steps = []
+
+    def cost(p, e):
+        return sum(x * x for x in slen[p:e])
+
+    while all(pos[r] < starts[r + 1] for r in range(w)):
+        fulls = []
+        for r in range(w):
+            e = pos[r] + 1
+            while (e < starts[r + 1] and e + 1 - pos[r] <= cap and sum(slen[pos[r] : e + 1]) <= tokens
+                   and cost(pos[r], e + 1) <= max_cost):
+                e += 1
+            fulls.append(e)
+        target = min(cost(p, e) for p, e in zip(pos, fulls))
+        row = []
+        for r in range(w):
+            costs = {e: cost(pos[r], e) for e in range(pos[r] + 1, fulls[r] + 1)}
+            below = [e for e, c in costs.items() if c <= target]
+            e = max(below) if below else pos[r] + 1
+            if e < fulls[r] and costs[e + 1] - target < target - costs[e]:
+                e += 1
+            row.append(e - pos[r])
+            pos[r] = e
+        steps.append(row)
+    return steps, pos
+
+
+@settings(max_examples=examples(100), deadline=None)
+@given(st.integers(1, 5), st.lists(st.integers(0, 60), min_size=1, max_size=40), st.integers(50, 500),
+       st.integers(1, 8), st.one_of(st.just(np.iinfo(np.int64).max), st.integers(1, 20_000)),
+       st.randoms(use_true_random=False))
+def test_packed_walk_matches_naive_twin(w, pool, tokens, cap, max_cost, rnd):
+    sizes = [rnd.randint(0, len(pool)) for _ in range(w)]
+    segs = [sorted(rnd.choice(pool) for _ in range(n)) for n in sizes]
+    slen = np.array([x for s in segs for x in s], dtype=np.int64)
+    starts = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
+    counts, k, pos = packed_affine_steps(slen, starts, tokens, cap, 1, 0, max_cost)
+    want, want_pos = naive_packed_walk(slen.tolist(), starts.tolist(), tokens, cap, max_cost)
+    assert counts[:k].tolist() == want
+    assert pos.tolist() == want_pos
+
+
 def test_cut_points_and_water_levels():
     rng = np.random.default_rng(0)
     weights = rng.integers(1, 100, 500)
@@ -83,6 +130,7 @@ def test_cut_points_and_water_levels():
 def check_epoch(counts, lengths, config, epoch):
     """Every invariant of one shard-mode epoch; returns (trained, windows)."""
     w = config.world_size
+    packed = bool(config.options.get("pack"))  # the budget counts the sum of a batch's lengths, not B x longest
     trained = collections.Counter()
     streamed = collections.Counter()  # (shard, local) -> number of ranks streaming it in a piece
     carried_from: dict[tuple[int, int], int] = {}
@@ -100,7 +148,8 @@ def check_epoch(counts, lengths, config, epoch):
                 b = plan.batch(s, r)
                 lens = np.array([lengths[win.shard_ids[i]][win.local[i]] for i in b])
                 assert len(b) <= config.max_batch_size
-                assert len(b) == 1 or len(b) * lens.max() <= config.max_batch_tokens
+                used = lens.sum() if packed else len(b) * lens.max()
+                assert len(b) == 1 or used <= config.max_batch_tokens
         # carried samples keep the rank that held them
         for i in range(win.n_carried):
             assert carried_from.pop(keys[i]) == win.holder[i]
@@ -153,6 +202,42 @@ def test_shard_mode_epoch_invariants(w, shard_sizes, window, drop_last, epoch, s
         return
     config = WindowConfig(tokens, cap, w, window, True, drop_last, seed, "greedy", (), "shard")
     check_epoch(counts, lengths, config, epoch)
+
+
+@settings(max_examples=examples(60), deadline=None)
+@given(st.integers(1, 6), st.lists(st.integers(0, 50), min_size=1, max_size=25), st.integers(10, 120),
+       st.booleans(), st.integers(0, 3), st.integers(0, 2**31), st.booleans())
+def test_packed_shard_mode_epoch_invariants(w, shard_sizes, window, drop_last, epoch, seed, outliers):
+    rng = np.random.default_rng(seed)
+    tokens, cap = 600, 12
+    lengths = [rng.integers(1, 120, n) for n in shard_sizes]
+    if outliers:  # some samples a batch can hold at most 4 of (pooled), some over the budget
+        for x in lengths:
+            x[rng.random(x.size) < 0.05] = rng.integers(130, 900)
+    counts = np.array(shard_sizes, dtype=np.int64)
+    if counts.sum() == 0:
+        return
+    config = WindowConfig(tokens, cap, w, window, True, drop_last, seed, "bucketed", (("pack", True),), "shard")
+    check_epoch(counts, lengths, config, epoch)
+
+
+def test_packed_window_balance_and_tail():
+    from streambatch import CostModel
+
+    from helpers import lognormal_lengths
+
+    lens = lognormal_lengths(24_000, seed=5)
+    none = np.zeros(0, np.int64)
+    aw = plan_affine_window(none, none, lens, 16_000, 64, 8, True, False, False, 1, {"pack": True})
+    plan = aw.plan
+    sizes = np.diff(plan.offsets)
+    real = np.add.reduceat(lens[plan.samples], plan.offsets[:-1])
+    assert np.all((real <= 16_000) | (sizes == 1))
+    padded = sizes * np.maximum.reduceat(lens[plan.samples], plan.offsets[:-1])
+    assert np.any((padded > 16_000) & (sizes > 1))  # batches the padded rule would refuse: packing is in use
+    cost = CostModel.quadratic().packed_cost(lens[plan.samples], plan.offsets).reshape(-1, 8)
+    assert np.mean(cost.sum(1) / (8 * cost.max(1))) >= 0.98
+    assert len(aw.leftover) < 8 * 64  # ranks run out together: about one batch left per rank at most
 
 
 def test_deterministic_and_epochs_differ():

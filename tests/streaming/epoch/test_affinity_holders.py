@@ -78,3 +78,37 @@ def test_final_window_costs_fewer_ranged_reads():
             assert np.array_equal(np.unique(trained), np.arange(lengths.size))  # exactly once (+ padding)
             assert trained.size - lengths.size == aw.plan.num_padded
     assert total <= 130  # 107 measured
+
+
+@settings(max_examples=examples(100), deadline=None)
+@given(st.integers(1, 6), st.integers(1, 4), st.integers(0, 2**31))
+def test_packed_relax_keeps_sums_within_budget_and_step_costs(w, k, seed):
+    # packed batches: a swap changes a batch's sum of lengths and its packed cost, which relax must check
+    rng = np.random.default_rng(seed)
+    counts = rng.integers(1, 5, (k, w))
+    n = int(counts.sum())
+    lengths = rng.integers(1, 40, n)
+    holder = rng.integers(0, w, n)
+    samples, counts = to_holders(rng.permutation(n), counts, holder)
+    offsets = np.concatenate([[0], np.cumsum(counts.ravel())])
+    cost = CostModel.quadratic()
+    sums = np.add.reduceat(lengths[samples], offsets[:-1])
+    tokens = int(sums.max())
+    before = cost.packed_cost(lengths[samples], offsets).reshape(k, w)
+    relaxed = relax_to_holders(samples, counts, holder, lengths, cost, tokens, 1 << 62, 0.03, packed=True)
+    assert sorted(relaxed.tolist()) == sorted(samples.tolist())
+    assert away(relaxed, counts, holder) <= away(samples, counts, holder)
+    after = cost.packed_cost(lengths[relaxed], offsets).reshape(k, w)
+    assert (after.max(axis=1) <= before.max(axis=1)).all()  # no step's costliest batch grows
+    new_sums = np.add.reduceat(lengths[relaxed], offsets[:-1])
+    assert ((counts.ravel() == 1) | (new_sums <= tokens)).all()
+
+
+def test_packed_relax_moves_samples_home():
+    # two ranks, one step: each batch holds a sample of the other rank; swapping equal lengths costs nothing
+    lengths = np.array([10, 6, 10, 6])
+    holder = np.array([0, 1, 1, 0])
+    samples, counts = np.array([0, 1, 2, 3]), np.array([[2, 2]])
+    assert away(samples, counts, holder) == 2
+    out = relax_to_holders(samples, counts, holder, lengths, CostModel.quadratic(), 16, 1 << 62, 0.03, packed=True)
+    assert away(out, counts, holder) == 0

@@ -69,6 +69,35 @@ def test_shard_segments_train_every_sample_once(counts, history, world, drop_las
     check_resizes(windows, trained, history, world, lens, drop_last, max_length)
 
 
+@settings(max_examples=examples(40), deadline=None)
+@given(st.lists(st.integers(0, 40), min_size=1, max_size=14), st.lists(st.tuples(st.integers(1, 6), st.floats(0, 1)),
+       max_size=3), st.integers(1, 6), st.booleans(), st.sampled_from([None, 600]), st.booleans(),
+       st.integers(0, 2**20))
+def test_packed_shard_segments_train_every_sample_once(counts, history, world, drop_last, max_length, outliers, seed):
+    # packed batches (pack=True): the same resizes, and every batch of every piece within sum(L) <= budget
+    if sum(counts) == 0:
+        return
+    rng = np.random.default_rng(seed)
+    lens = {s: rng.integers(1, 120, c) for s, c in enumerate(counts)}
+    if outliers:
+        for x in lens.values():
+            x[rng.random(x.size) < 0.05] = rng.integers(130, 900)
+    counts = np.array(counts, dtype=np.int64)
+
+    def windows(w, segments):
+        cfg = WindowConfig(600, 12, w, 40, True, drop_last, seed, "bucketed", (("pack", True),), "shard", max_length)
+        out = list(affine_windows(counts, lens.__getitem__, cfg, 1, segments))
+        for win in out:
+            for s in range(win.num_steps):
+                for r in range(win.plan.world_size):
+                    b = win.plan.batch(s, r)
+                    total = sum(int(lens[int(win.shard_ids[i])][int(win.local[i])]) for i in b)
+                    assert len(b) == 1 or total <= 600
+        return out
+
+    check_resizes(windows, trained, history, world, lens, drop_last, max_length)
+
+
 def test_no_segments_is_iter_windows():
     from streambatch.streaming.epoch.modes import iter_windows
 

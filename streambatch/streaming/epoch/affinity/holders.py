@@ -107,14 +107,16 @@ def swap_to_holders(samples: np.ndarray, counts: np.ndarray, holder: np.ndarray,
 
 
 def relax_to_holders(samples: np.ndarray, counts: np.ndarray, holder: np.ndarray, lengths: np.ndarray,
-                     cost: Any, max_tokens: int, max_cost: int, tol: float) -> np.ndarray:
+                     cost: Any, max_tokens: int, max_cost: int, tol: float, packed: bool = False) -> np.ndarray:
     """Swap pairs of samples between batches (of any steps) where one more of
     them lands with its holder, if both batches stay within budget, no
     step's costliest batch gets costlier and no step's balance (sum of its
     batch costs / (W x the costliest)) falls more than ``tol`` below what it
     was. Sizes are kept, so steps and padding slots are too. For what
     ``swap_to_holders`` cannot move: a batch's longest sample, e.g. the
-    lone sample of an outlier's batch. Returns the samples regrouped."""
+    lone sample of an outlier's batch. ``packed``: batches are packed (budget
+    and cost count the sum over their samples, ``CostModel.packed_cost``).
+    Returns the samples regrouped."""
     k, w = counts.shape
     offsets = np.concatenate([[0], np.cumsum(counts.ravel())])
     batches = [samples[offsets[b] : offsets[b + 1]].tolist() for b in range(k * w)]
@@ -122,6 +124,9 @@ def relax_to_holders(samples: np.ndarray, counts: np.ndarray, holder: np.ndarray
     size = counts.ravel().tolist()
 
     def price(b: int, members: list[int]) -> int:
+        if packed:
+            lens = lengths[members]
+            return -1 if size[b] > 1 and int(lens.sum()) > max_tokens else int(cost.packed_scaled(lens).sum())
         top = max(int(lengths[i]) for i in members)
         return -1 if size[b] > 1 and size[b] * top > max_tokens else int(cost.scaled(size[b], top))
 

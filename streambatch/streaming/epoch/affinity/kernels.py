@@ -95,3 +95,80 @@ def affine_steps(slen, starts, max_tokens, max_size, code, q, max_cost):
             pos[r] = e
         k += 1
     return counts, k, pos
+
+
+@njit(cache=True)
+def packed_affine_steps(slen, starts, max_tokens, max_size, code, q, max_cost):
+    """``affine_steps`` for packed batches: a batch's tokens are the sum of
+    its lengths (no padding) and its cost the sum of its samples' costs.
+
+    slen: (n,) int64 lengths, ascending within each rank's segment
+        ``starts[r]:starts[r + 1]`` (starts: (W + 1,) int64).
+
+    The same walk: each step's target C is the cost of the cheapest full
+    batch (the longest prefix of its remaining samples within the budget,
+    size cap and cost cap) any rank can take next, and every rank takes the
+    prefix whose cost is nearest C (at least one sample, at most its full
+    batch). Prefixes, not batches taken from both ends of a rank's samples
+    (long ones down, short ones up to tune the cost): those balanced better
+    (0.993 vs 0.987 on a log-normal window of 24,000 samples, budget
+    16,000, W = 8) but left the middle lengths, about a batch per rank, to
+    carry or to plan across ranks in the final window (1,715 samples vs 9;
+    342 ranged reads vs 7), where prefixes leave the few longest. The walk
+    stops when any rank has no sample left.
+
+    Returns (counts (k, W) int64, k, pos (W,) int64) as ``affine_steps``.
+    """
+    n = slen.shape[0]
+    w = starts.shape[0] - 1
+    tok = np.zeros(n + 1, dtype=np.int64)  # prefix sums: a batch slen[p:e] has tok[e] - tok[p] tokens
+    cst = np.zeros(n + 1, dtype=np.int64)
+    for i in range(n):
+        tok[i + 1] = tok[i] + slen[i]
+        cst[i + 1] = cst[i] + _cost(1, slen[i], code, q)
+    shortest = n
+    for r in range(w):
+        shortest = min(shortest, starts[r + 1] - starts[r])
+    counts = np.zeros((shortest, w), dtype=np.int64)
+    pos = starts[:w].copy()
+    full = np.empty(w, dtype=np.int64)
+    k = 0
+    while True:
+        done = False
+        for r in range(w):
+            if pos[r] == starts[r + 1]:
+                done = True
+        if done:
+            break
+        target = np.iinfo(np.int64).max
+        for r in range(w):
+            p = pos[r]
+            # the full batch: the largest e in [p + 1, end] within every limit (prefix sums only grow)
+            lo = p + 1
+            hi = min(starts[r + 1], p + max_size)
+            while lo < hi:
+                mid = (lo + hi + 1) >> 1
+                if tok[mid] - tok[p] <= max_tokens and cst[mid] - cst[p] <= max_cost:
+                    lo = mid
+                else:
+                    hi = mid - 1
+            full[r] = lo
+            target = min(target, cst[lo] - cst[p])
+        for r in range(w):
+            p = pos[r]
+            # largest e in [p + 1, full[r]] costing <= target, or the next one if nearer
+            lo = p + 1
+            hi = full[r]
+            while lo < hi:
+                mid = (lo + hi + 1) >> 1
+                if cst[mid] - cst[p] <= target:
+                    lo = mid
+                else:
+                    hi = mid - 1
+            e = lo
+            if e < full[r] and (cst[e + 1] - cst[p]) - target < target - (cst[e] - cst[p]):
+                e += 1
+            counts[k, r] = e - p
+            pos[r] = e
+        k += 1
+    return counts, k, pos

@@ -47,6 +47,14 @@ worker computes every rank's share without talking):
    mean) and keeping the cut with the fewest tail samples.
 6. Step order inside the window is shuffled from (seed, epoch, window).
 
+Packed batches (``pack=True``: the sum of a batch's lengths within the
+budget, its cost the sum of its samples' costs): the same cut, pooling and
+tail, with the walk of ``affinity_kernels.packed_affine_steps`` (prefixes
+of each rank's ascending lengths, their costs and tokens summed) and the
+pool planned packed. Holder swaps are then only the cost-checked ones
+(``relax_to_holders``): the size-and-longest-keeping swaps do not keep a
+packed batch's sum.
+
 A rank's batches mix all of its window share, so it needs its whole share
 (about window bytes / W) before the window's first step; prefetching the
 next window's share while one trains keeps two shares per rank resident.
@@ -63,7 +71,7 @@ import numpy as np
 
 from ....core.plan import Plan, assemble
 from ....planners import make_plan
-from ....planners.bucketed.plan import check_options
+from ....planners.bucketed.plan import PLANNER, check_options
 from .holders import relax_to_holders, swap_to_holders, to_holders
 
 _U64 = 1 << 64
@@ -180,6 +188,7 @@ def plan_affine_window(carry_len: np.ndarray, carry_holder: np.ndarray, new_len:
     ranks' walks far apart: measured, 1.6x the steps). None: one group.
     """
     _, cost, max_step_cost = check_options(options)
+    packed = PLANNER.packs(PLANNER.resolve(options))
     w = world_size
     c = carry_len.shape[0]
     lengths = np.concatenate([carry_len, new_len]).astype(np.int64, copy=False)
@@ -208,22 +217,15 @@ def plan_affine_window(carry_len: np.ndarray, carry_holder: np.ndarray, new_len:
         walker = np.where(pooled, w, holder)  # pooled samples sort after every rank's segment
         order = np.lexsort((tags, lengths, walker)).astype(np.int64)
         starts = np.searchsorted(walker[order], np.arange(w + 1)).astype(np.int64)
-        from .kernels import affine_steps  # lazy for start-up: no numba before the first plan
-
-        counts, k, pos = affine_steps(lengths[order], starts, tokens, cap, cost.code, cost.kernel_q, max_cost)
-        rest = order[np.concatenate([np.arange(pos[r], starts[r + 1]) for r in range(w)]).astype(np.int64)]
+        samples, counts, rest = _walk(lengths, order, starts, tokens, cap, cost, max_cost, packed)
         if best is None or rest.size < best[-1].size:
-            best = (cuts, holder, order, starts, counts[:k], rest)
+            best = (cuts, holder, order, starts, samples, counts, rest)
         if rest.size == 0:
             break
         left = np.bincount(holder[rest], weights=weights[rest], minlength=w)
         shares = np.maximum(shares - ((left - left.mean()) / 2).astype(np.int64), 0)
-    cuts, holder, order, starts, counts, rest = best
+    cuts, holder, order, starts, samples, counts, rest = best
     pool = order[starts[w]:]
-    # rank r's batches are consecutive slices of its segment of ``order``
-    begin = starts[:w] + np.cumsum(counts, axis=0) - counts
-    flat = counts.ravel()
-    samples = order[np.repeat(begin.ravel() - (np.cumsum(flat) - flat), flat) + np.arange(int(flat.sum()))]
     padded = 0
     if final:
         pool = np.concatenate([pool, rest])
@@ -237,8 +239,10 @@ def plan_affine_window(carry_len: np.ndarray, carry_holder: np.ndarray, new_len:
                           drop_last=drop_last or not final, seed=int(rng.integers(0, 1 << 62)), planner="bucketed",
                           **options)
         x_samples, x_counts = to_holders(pool[extra.samples], np.diff(extra.offsets).reshape(-1, w), holder)
-        x_samples = swap_to_holders(x_samples, x_counts, holder, lengths)
-        x_samples = relax_to_holders(x_samples, x_counts, holder, lengths, cost, max_batch_tokens, max_cost, RELAX_TOL)
+        if not packed:  # (its swaps keep each batch's longest, not its sum of lengths)
+            x_samples = swap_to_holders(x_samples, x_counts, holder, lengths)
+        x_samples = relax_to_holders(x_samples, x_counts, holder, lengths, cost, max_batch_tokens, max_cost, RELAX_TOL,
+                                     packed)
         samples = np.concatenate([samples, x_samples])
         counts = np.concatenate([counts, x_counts])
         padded = extra.num_padded
@@ -247,6 +251,29 @@ def plan_affine_window(carry_len: np.ndarray, carry_holder: np.ndarray, new_len:
     step_order = rng.permutation(steps).astype(np.int64) if shuffle else np.arange(steps, dtype=np.int64)
     plan = assemble(samples, counts, step_order, w, padded, rest)
     return AffineWindow(plan, holder, cuts, rest)
+
+
+def _walk(lengths: np.ndarray, order: np.ndarray, starts: np.ndarray, tokens: int, cap: int, cost: Any,
+          max_cost: int, packed: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Step 3, the walk of every rank's own samples at one pace.
+
+    order: (n,) int64 window indices, each rank's segment
+    ``starts[r]:starts[r + 1]`` ascending by length (the pooled ones after
+    ``starts[W]``). Returns (samples grouped by (step, rank), (k, W) int64
+    batch sizes, rest: the samples the walk left, rank by rank)."""
+    from .kernels import affine_steps, packed_affine_steps  # lazy for start-up: no numba before the first plan
+
+    w = starts.shape[0] - 1
+    slen = lengths[order]
+    walk = packed_affine_steps if packed else affine_steps
+    counts, k, pos = walk(slen, starts, tokens, cap, cost.code, cost.kernel_q, max_cost)
+    counts = counts[:k]
+    rest = order[np.concatenate([np.arange(pos[r], starts[r + 1]) for r in range(w)]).astype(np.int64)]
+    # rank r's batches are consecutive slices of its segment of ``order``
+    begin = starts[:w] + np.cumsum(counts, axis=0) - counts
+    flat = counts.ravel()
+    samples = order[np.repeat(begin.ravel() - (np.cumsum(flat) - flat), flat) + np.arange(int(flat.sum()))]
+    return samples, counts, rest
 
 
 def group_cuts(weights: np.ndarray, levels: np.ndarray, groups: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

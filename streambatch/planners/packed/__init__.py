@@ -1,0 +1,1 @@
+"""Packed (padding-free) planning: ``planner="bucketed", pack=True``."""
