@@ -38,6 +38,10 @@ class Batches:
     sizes: np.ndarray
     longest: np.ndarray
     real: np.ndarray
+    # Packed batches (``pack=True``): no padding, a batch costs sum(L**2) and holds sum(L) tokens.
+    # sumsq: (n_steps, W) float64 sum of the batch's squared lengths, only for packed batches.
+    packed: bool = False
+    sumsq: np.ndarray | None = None
 
     @property
     def num_steps(self) -> int:
@@ -48,12 +52,20 @@ class Batches:
         return int(self.sizes.shape[1])
 
     def costs(self) -> np.ndarray:
-        """(n_steps, W) float64 B * L**2 (float: no overflow on long lengths)."""
+        """(n_steps, W) float64 B * L**2, or sum(L**2) for packed batches (float: no overflow on long
+        lengths)."""
+        if self.packed and self.sumsq is not None:
+            return self.sumsq
         return self.sizes * self.longest.astype(np.float64) ** 2
 
+    def tokens(self) -> np.ndarray:
+        """(n_steps, W) int64 tokens a batch occupies: B * L padded, sum(L) packed."""
+        return self.real if self.packed else self.sizes * self.longest
 
-def plan_batches(plan: Plan, lengths: np.ndarray) -> Batches:
-    """Batch statistics of ``plan`` over ``lengths`` ((N,) int, the lengths planned)."""
+
+def plan_batches(plan: Plan, lengths: np.ndarray, packed: bool = False) -> Batches:
+    """Batch statistics of ``plan`` over ``lengths`` ((N,) int, the lengths planned); ``packed``: the
+    plan's batches are packed (``pack=True``), so they hold sum(L) tokens and cost sum(L**2)."""
     lens = np.asarray(lengths, dtype=np.int64)[plan.samples]
     offsets = plan.offsets
     sizes = np.diff(offsets)
@@ -66,7 +78,14 @@ def plan_batches(plan: Plan, lengths: np.ndarray) -> Batches:
         real[full] = np.add.reduceat(lens, starts)
     order = plan.step_order
     w = plan.world_size
-    return Batches(sizes.reshape(-1, w)[order], longest.reshape(-1, w)[order], real.reshape(-1, w)[order])
+    sumsq = None
+    if packed:
+        sumsq = np.zeros(sizes.shape[0], dtype=np.float64)
+        if full.size:
+            sumsq[full] = np.add.reduceat(lens.astype(np.float64) ** 2, offsets[full])
+        sumsq = sumsq.reshape(-1, w)[order]
+    return Batches(sizes.reshape(-1, w)[order], longest.reshape(-1, w)[order], real.reshape(-1, w)[order],
+                   packed, sumsq)
 
 
 def rank_batches(per_rank: Sequence[Sequence[np.ndarray]]) -> Batches:
@@ -109,14 +128,16 @@ class Quality:
     over_budget: int
     epoch_time: float = 0.0
     time_balance: float = 1.0
+    packed: bool = False
 
     def as_dict(self) -> dict:
         return dict(self.__dict__)
 
 
 def quality(b: Batches, max_batch_tokens: int) -> Quality:
-    """Metrics of batches ``b`` planned with ``max_batch_tokens``."""
-    tokens = b.sizes * b.longest
+    """Metrics of batches ``b`` planned with ``max_batch_tokens`` (packed batches: no padding, budget
+    use and over budget by sum(L), costs sum(L**2))."""
+    tokens = b.tokens()
     nonempty = b.sizes > 0
     padded = float(tokens.sum())
     padding = float(b.real.sum()) / padded if padded else 1.0
@@ -128,7 +149,7 @@ def quality(b: Batches, max_batch_tokens: int) -> Quality:
     epoch = float(top.sum())
     time_balance = float(b.costs().sum()) / (b.world_size * epoch) if epoch > 0 else 1.0
     return Quality(b.num_steps, b.world_size, int(nonempty.sum()), int(b.sizes.sum()), padding, balance, use,
-                   spread, int((tokens > max_batch_tokens).sum()), epoch, time_balance)
+                   spread, int((tokens > max_batch_tokens).sum()), epoch, time_balance, b.packed)
 
 
 def epoch_time_bound(lengths: np.ndarray, world_size: int) -> float:
@@ -169,7 +190,12 @@ def time_report(b: Batches, lengths: np.ndarray, cost: Any, max_batch_tokens: in
     worth looking at: the per-step term, steps whose costliest batch is a
     single sample, the final step, the slowest 1 % of steps."""
     steps = b.num_steps
-    per = cost.batch_cost(b.sizes, b.longest) if steps else np.zeros((0, b.world_size))
+    if not steps:
+        per = np.zeros((0, b.world_size))
+    elif b.packed and b.sumsq is not None:  # packed: sum over samples of (c1 * L + c2 * L**2)
+        per = cost.c1 * b.real + cost.c2 * b.sumsq
+    else:
+        per = cost.batch_cost(b.sizes, b.longest)
     top = per.max(axis=1) if steps else np.zeros(0)
     epoch = cost.epoch_time(per)
     lens = np.asarray(lengths, dtype=np.float64)

@@ -123,7 +123,7 @@ def load_mix(args: argparse.Namespace) -> tuple[np.ndarray, str, float | None, A
 def run_plan(args: argparse.Namespace) -> int:
     from ..core.config import PlanConfig
     from ..core.long_samples import check_max_length, too_long
-    from ..planners import make_plan, plan_epoch
+    from ..planners import get_planner, make_plan, plan_epoch
     from ..planners.epoch import plan_epoch_steps
     from .figures import check_figure_path, plot_plan
     from .metrics import epoch_time_bound, format_time_report, mix_shares, plan_batches, quality, time_report
@@ -132,6 +132,8 @@ def run_plan(args: argparse.Namespace) -> int:
 
     plot = check_figure_path(args.plot) if args.plot else None
     options = dict(args.planner_option)
+    planner = get_planner(args.planner)
+    packed = planner.packs(planner.resolve(options))  # sum(L) <= budget batches: metrics without padding
     config = PlanConfig.build(args.max_batch_tokens, args.max_batch_size, args.world_size, not args.no_shuffle,
                               args.drop_last, args.seed, args.planner, options)
     mix = None
@@ -167,7 +169,7 @@ def run_plan(args: argparse.Namespace) -> int:
         held = lengths[drawn if keep is None else drawn[np.isin(drawn, keep)]]
     seconds = time.perf_counter() - t
     total = int(held.size + over.size) if mix is None else mix.samples_per_epoch
-    batches = plan_batches(plan, lengths)
+    batches = plan_batches(plan, lengths, packed)
     q = quality(batches, args.max_batch_tokens)
     bound = epoch_time_bound(held, args.world_size)
     shares = None if mix is None else mix_shares(plan, mix)
@@ -176,7 +178,7 @@ def run_plan(args: argparse.Namespace) -> int:
         again = make_plan(kept, args.max_batch_tokens, args.max_batch_size, args.world_size,
                           shuffle=not args.no_shuffle, drop_last=args.drop_last, seed=args.seed, epoch=args.epoch,
                           planner=args.planner, **options)
-        return quality(plan_batches(again, kept), args.max_batch_tokens).epoch_time
+        return quality(plan_batches(again, kept, packed), args.max_batch_tokens).epoch_time
 
     note = find_outliers(held, batches, epoch_time, fps) if held.size else None
     step_model = _step_model(options)

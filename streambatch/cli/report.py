@@ -89,14 +89,17 @@ def audio_time(seconds: float) -> str:
 
 
 def format_quality(q: Quality) -> list[str]:
-    """The metric lines of a report, aligned."""
+    """The metric lines of a report, aligned (packed batches: tokens sum(L), cost sum(L^2))."""
+    cost, tokens = ("sum(L^2)", "sum(L)") if q.packed else ("B*L^2", "B*L")
+    padding = ("packed: no padding (sum of lengths = tokens)" if q.packed
+               else "real / padded tokens (sum of lengths / sum of B*L)")
     return [
         f"  steps per rank       {q.steps:,} (world size {q.world_size}, {q.batches:,} batches)",
-        f"  padding efficiency   {q.padding_efficiency:.3f}   real / padded tokens (sum of lengths / sum of B*L)",
-        f"  balance efficiency   {q.balance_efficiency:.3f}   per step, sum of rank costs / (W * max), cost B*L^2",
-        f"  budget use           {q.budget_use:.3f}   mean batch B*L / max_batch_tokens",
+        f"  padding efficiency   {q.padding_efficiency:.3f}   {padding}",
+        f"  balance efficiency   {q.balance_efficiency:.3f}   per step, sum of rank costs / (W * max), cost {cost}",
+        f"  budget use           {q.budget_use:.3f}   mean batch {tokens} / max_batch_tokens",
         f"  step cost spread     {q.step_cost_spread:.2f}x   slowest step / median step (cost of its costliest batch)",
-        f"  planned epoch time   {q.epoch_time:.4g}   sum over steps of the costliest batch B*L^2",
+        f"  planned epoch time   {q.epoch_time:.4g}   sum over steps of the costliest batch {cost}",
         f"  time-weighted bal.   {q.time_balance:.3f}   sum of all batch costs / (W * planned epoch time)",
     ] + ([f"  over budget          {q.over_budget:,} batches (single samples longer than the budget)"]
          if q.over_budget else [])

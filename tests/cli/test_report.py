@@ -114,3 +114,40 @@ def test_figures_are_written(tmp_path):
     plot_throughput(str(tmp_path / "bench.png"), rows)
     for name in ("plan.png", "bench.png"):
         assert (tmp_path / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def naive_packed(plan, lengths, budget, cost):
+    """Packed batches' metrics written out: tokens sum(L), cost sum(L**2), a step model's sum(c1 L + c2 L**2)."""
+    uses, balances, top, seconds = [], [], [], []
+    for s in range(plan.num_steps):
+        batches = [[int(lengths[i]) for i in plan.batch(s, r)] for r in range(plan.world_size)]
+        costs = [sum(x * x for x in b) for b in batches]
+        uses += [sum(b) / budget for b in batches if b]
+        balances.append(sum(costs) / (plan.world_size * max(costs)))
+        top.append(max(costs))
+        seconds.append(cost.c0 + max(sum(cost.c1 * x + cost.c2 * x * x for x in b) for b in batches))
+    return float(np.mean(uses)), float(np.mean(balances)), float(sum(top)), float(sum(seconds))
+
+
+@given(st.lists(st.integers(1, 400), min_size=1, max_size=300), st.integers(1, 6), st.integers(400, 3000))
+@settings(max_examples=examples(40), deadline=None)
+def test_packed_metrics_count_sums_not_padding(lengths, world, budget):
+    from streambatch import CostModel
+    from streambatch.cli.metrics import time_report
+
+    lengths = np.array(lengths, dtype=np.int64)
+    plan = make_plan(lengths, budget, 16, world, planner="bucketed", pack=True, seed=3)
+    if plan.num_steps == 0:
+        return
+    b = plan_batches(plan, lengths, packed=True)
+    q = quality(b, budget)
+    cost = CostModel.step(0.01, 2e-6, 3e-9)
+    use, balance, epoch, seconds = naive_packed(plan, lengths, budget, cost)
+    assert q.padding_efficiency == 1.0 and q.packed
+    assert q.over_budget == 0  # lengths <= 400 < budget: every packed batch is within sum(L) <= budget
+    assert q.budget_use == pytest.approx(use)
+    assert q.balance_efficiency == pytest.approx(balance)
+    assert q.epoch_time == pytest.approx(epoch)
+    assert time_report(b, lengths, cost, budget)["epoch_seconds"] == pytest.approx(seconds)
+    # the same batches read as padded would count their padding
+    assert quality(plan_batches(plan, lengths), budget).padding_efficiency <= 1.0
