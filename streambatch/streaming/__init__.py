@@ -4,7 +4,7 @@ from .dataset import StreamingBatches
 from .epoch.windows import EpochSummary
 from .errors import CacheError, ShardError
 from .formats.audio import collate_audio, decode_audio
-from .io.reader import expand_urls
+from .io.urls import expand_urls
 from .shards.catalog import Catalog, open_catalog
 from .shards.indexer import IndexSummary, index_shards
 from .shards.lengths import LengthSpec, length_spec
