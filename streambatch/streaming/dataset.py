@@ -1,10 +1,11 @@
 """``StreamingBatches``: the torch ``IterableDataset`` that wires the streaming stages.
 
-Constructor: shard lists (``shards/lists.py``, URLs expanded once) -> read
-mode (``epoch/modes.py``, resolved once) -> catalog (sidecars or a catalog
-file) -> epoch plan (``epoch/plan.py``). Each pass: windows -> this rank's
-steps (``pipeline/steps.py``) -> byte reads (``pipeline/reads.py``) ->
-samples, decode, skip, collate (``pipeline/samples.py``)."""
+Constructor: options (``options.py``) -> shard lists, URLs expanded once (``shards/lists.py``) -> the read mode's
+strategy (``epoch/modes.py``) -> catalog (``shards/catalog.py``) -> epoch plan (``epoch/plan.py``). Each pass:
+windows -> this rank's steps (``pipeline/steps.py``) -> byte reads (``pipeline/reads.py``) -> samples, decode,
+skip (``pipeline/samples.py``) -> collate.
+
+Stream: batches: this rank's (and DataLoader worker's) steps of the epoch, in step order."""
 
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ from ..core.redact import scrub_exception
 from ..core.types import FlagLike, IntLike, LengthFrom, NumberLike, UrlsLike
 from ..core.validation import check_int
 from ..planners import RECOMMENDED
-from ..torch_glue.distributed import active, agree, guess_world, is_distributed, resolve_world, will_check
+from ..torch_glue.distributed import agree, guess_world, is_distributed, resolve_world, will_check
 from ..torch_glue.guard import check_not_prepared
 from .epoch.modes import resolve_mode
 from .epoch.plan import EpochPlan
@@ -28,10 +29,10 @@ from .io.remote_io import RemoteIO, check_identity
 from .io.retry import RetryPolicy
 from .options import Options
 from .pipeline.reads import SampleReads
-from .pipeline.samples import decode, keep_read, parse
-from .pipeline.state import check_resume, ordered_state, resume_state, segments_key
+from .pipeline.samples import collate, decode, keep_read, parse
+from .pipeline.state import ordered_state, resume
 from .pipeline.steps import Cursor, Progress
-from .runtime.failures import open_channel
+from .runtime.failures import open_channel, watched
 from .shards.lists import ShardLists, check_samples
 from .shards.sources import Source
 
@@ -39,66 +40,42 @@ from .shards.sources import Source
 class StreamingBatches(IterableDataset):
     """Balanced token-budget batches streamed from WebDataset tar shards.
 
-    Each item is one batch: rank ``rank``'s share of one global step, a list
-    of webdataset-style sample dicts (``__key__``, ``__url__`` and the raw
-    bytes of each member by suffix), or ``collate_fn(batch)``. Every rank
-    yields the same number of batches per epoch, ``len(self)``, and every
-    sample is delivered once per epoch across ranks, except the counted
-    padding (``drop_last=False``) or drop (``drop_last=True``) of the final
-    step (see ``epoch_summary``).
+    Each item is one batch: rank ``rank``'s share of one global step, a list of webdataset-style sample dicts
+    (``__key__``, ``__url__`` and the raw bytes of each member by suffix), or ``collate_fn(batch)``. Every rank
+    yields ``len(self)`` batches per epoch and every sample is delivered once per epoch across ranks, except the
+    counted padding (``drop_last=False``) or drop (``drop_last=True``) of the final step (``epoch_summary``).
+    Use with ``DataLoader(ds, batch_size=None, num_workers=N)`` and call ``set_epoch(e)`` before each epoch;
+    worker ``w`` of ``N`` yields the rank's steps ``w, w + N, ...``, so the output does not depend on ``N``.
 
-    Use with ``DataLoader(ds, batch_size=None, num_workers=N)`` and call
-    ``set_epoch(e)`` before each epoch. Worker ``w`` of ``N`` yields the
-    rank's steps ``w, w + N, ...``; the DataLoader's in-order round robin
-    restores step order, so the output does not depend on ``num_workers``.
-
-    urls: brace pattern, path or list of shard URLs; each needs a sidecar
-        (``streambatch index``), or pass ``index_missing=True`` for local files.
-        Or a ``*.catalog.npz`` written by ``streambatch index`` (remote shards:
-        ``s3://``, ``gs://``, ``https://``, ``hf://``, ``pipe:``). Or a list of
-        ``Source(urls, weight=...)`` to mix several corpora: each epoch takes
-        every source's quota, read in cycles (every sample once per cycle), and
-        each window holds the sources in proportion (``shards/sources.py``);
-        ``samples_per_epoch``: a weighted mix's samples per epoch (default: the
-        sum of the sources' samples).
-    max_batch_tokens, max_batch_size, planner, **planner_options: as for
-        ``make_plan``; each window is planned with them. The planner defaults
-        to ``"bucketed"`` (it balances and pads best; ``DynamicBatchSampler``
-        keeps ``"greedy"``, which reproduces its seed).
-    max_length, long_samples: samples longer than ``max_length`` (length
-        units, as in the sidecars) are never planned nor read (``"drop"``:
-        counted in ``num_too_long`` and ``epoch_summary().too_long``, and
-        logged) or make the constructor raise naming the shard (``"raise"``).
-    window_samples: samples per planning window (consecutive shards grouped
-        until they hold this many). Larger windows shuffle more widely and
-        balance better; memory is one window's sidecar arrays (~50 bytes per
-        sample) per process. Default: 20,000; in shard mode max(20,000, 2,500 x W).
-    read_mode: ``"sample"`` (each window planned across all ranks; a rank
-        reads its own samples by offset: for local files), ``"shard"`` (each
-        rank trains on a contiguous piece of the window's shards, which it
-        alone streams: each byte crosses the network once per epoch; plans
-        with its own walk, taking the bucketed planner's options) or None:
-        ``"sample"`` when every URL is a local file, ``"shard"`` otherwise.
-    rank, world_size: default to ``torch.distributed`` when initialised, else
-        0/1 (an error when a launcher started several processes, or with
-        ``rank=None`` and ``world_size > 1``).
-    verify: under torch.distributed with world_size > 1, all-reduce a
-        fingerprint of shards, sidecars and config at construction and raise
-        on every rank if any differs or failed (a main-process
-        ``load_state_dict`` checks that all ranks resume alike); ``"full"``
-        also re-hashes every shard against its indexed digest. Remote shards
-        are checked against the size and ETag recorded at indexing unless False.
-    index_dir, index_missing, length_from, frames_per_second, index_workers:
-        where sidecars are and how missing local ones are indexed
-        (``shards/lists.IndexOptions``).
-    storage_options, cache_dir, prefetch_shards, prefetch_bytes, retry,
-        trust_catalog: remote shards: fsspec options (never logged), the
-        node-local cache, downloads ahead per worker, the ``RetryPolicy``, and
-        what a catalog file may list (``io/remote_io.RemoteOptions``).
-    decode, collate_fn, on_error: what a step becomes: None (raw bytes),
-        ``"audio"`` or a function of a sample; a function of the batch; and
-        ``"raise"`` or ``"skip"`` (a sample that cannot be read or decoded is
-        counted in ``num_skipped`` and left out; ``pipeline/samples.OutputOptions``).
+    urls: brace pattern, path or list of shard URLs, each with a sidecar (``streambatch index``; or
+        ``index_missing=True`` for local files); or a ``*.catalog.npz`` written by ``streambatch index`` (remote
+        shards: ``s3://``, ``gs://``, ``https://``, ``hf://``, ``pipe:``); or a list of ``Source(urls,
+        weight=...)`` to mix corpora: each epoch takes every source's quota, read in cycles, each window holding
+        the sources in proportion (``shards/sources.py``); ``samples_per_epoch``: a weighted mix's epoch size.
+    max_batch_tokens, max_batch_size, planner, **planner_options: as for ``make_plan``, per window. The planner
+        defaults to ``"bucketed"`` (it balances and pads best; ``DynamicBatchSampler`` keeps the seed's ``"greedy"``).
+    max_length, long_samples: samples longer than ``max_length`` (sidecar length units) are never planned nor read
+        (``"drop"``: counted in ``num_too_long``, logged) or make the constructor raise naming the shard (``"raise"``).
+    window_samples: samples planned together (consecutive shards until they hold this many): larger windows shuffle
+        wider and balance better; memory is ~50 bytes per sample of one window. Default 20,000; in shard mode
+        max(20,000, 2,500 x W).
+    read_mode: ``"sample"`` (each window planned across all ranks; a rank reads its samples by offset: local
+        files), ``"shard"`` (each rank trains a contiguous piece of the window's shards, which it alone streams:
+        each byte crosses the network once per epoch; the bucketed planner's options) or None: ``"sample"`` when
+        every URL is a local file, else ``"shard"`` (``epoch/modes.py``).
+    rank, world_size: default to ``torch.distributed`` when initialised, else 0/1 (an error when a launcher started
+        several processes, or with ``rank=None`` and ``world_size > 1``).
+    verify: under torch.distributed with world_size > 1, all ranks check at construction (and in a main-process
+        ``load_state_dict``) that they built the same dataset and resume alike; ``"full"`` also re-hashes every
+        shard against its indexed digest; remote shards are checked against their indexed size and ETag unless False.
+    index_dir, index_missing, length_from, frames_per_second, index_workers: where sidecars are, and how missing
+        local ones are indexed (``shards/lists.IndexOptions``).
+    storage_options, cache_dir, prefetch_shards, prefetch_bytes, retry, trust_catalog: remote shards: fsspec options
+        (never logged), the node-local cache root, downloads ahead per worker, the ``RetryPolicy`` (or a number of
+        retries), what a catalog file may list (``io/remote_io.RemoteOptions``).
+    decode, collate_fn, on_error: None (raw bytes), ``"audio"`` or a function of a sample; a function of the batch;
+        ``"raise"`` or ``"skip"``: a sample that cannot be read or decoded is counted in ``num_skipped`` and left
+        out of its batch, which is still yielded (``pipeline/samples.OutputOptions``).
     """
 
     def __init__(self, urls: UrlsLike | Source | Sequence[Source], max_batch_tokens: NumberLike,
@@ -180,29 +157,20 @@ class StreamingBatches(IterableDataset):
         return self._pass(self.progress.begin(*((None, 0) if info is None else (info.id, info.num_workers))))
 
     def _pass(self, cursor: Cursor) -> Iterator[Any]:
-        out, failures = self.options.output, self._failures
+        out = self.options.output
         # Remote shards: byte ranges downloaded whole into a node-local cache, read by offset (io/remote_reader.py)
         remote = self.remote.reader(self.catalog, self.rank, cursor.worker or 0, cursor.stride, cursor.start)
         reads = SampleReads(self.catalog, remote, out.on_error)
+        windows = self.plan.windows(cursor.epoch, cursor.segments)  # Window: the epoch's planned windows
+        mine = cursor.windows(windows, self.rank, peek=remote is not None)  # RankWindow: this worker's steps
+        raw = reads.steps(mine, cursor.epoch)  # Step: each step's samples as tar bytes
+        samples = decode(parse(raw), out.decode)  # Step: sample dicts, decoded
+        kept = keep_read(samples, out.on_error, lambda: self.progress.add_skip(cursor))  # (step, samples read)
+        batches = collate(cursor.deliver(kept), out.collate_fn)  # batches; the position moves past each
         try:
-            windows = self.plan.windows(cursor.epoch, cursor.segments)  # Window: the epoch's planned windows
-            mine = cursor.windows(windows, self.rank, peek=remote is not None)  # RankWindow: this worker's steps
-            raw = reads.steps(mine, cursor.epoch)  # Step: each step's samples as tar bytes
-            samples = decode(parse(raw), out.decode)  # Step: sample dicts, decoded
-            for step, batch in keep_read(samples, out.on_error, lambda: self.progress.add_skip(cursor)):
-                cursor.step = step + cursor.stride
+            for batch in watched(batches, self._failures, cursor.epoch, cursor.stride):  # one rank fails: all stop
                 self.bytes_read = reads.bytes_read
-                if failures is not None:
-                    failures.check(cursor.epoch)  # another rank failed: stop too, rather than train on and hang
-                yield out.collate_fn(batch) if out.collate_fn is not None else batch
-            cursor.check_end()
-            if failures is not None:
-                failures.finish(cursor.epoch, cursor.stride)  # hear of a failure later in another rank's pass
-        except Exception as exc:
-            scrub_exception(exc)  # before it leaves the pass (and reaches other ranks): no credentials in it
-            if failures is not None:
-                failures.report(cursor.epoch, exc)
-            raise
+                yield batch
         finally:
             self.bytes_read = reads.bytes_read
             reads.close()
@@ -254,21 +222,9 @@ class StreamingBatches(IterableDataset):
         the world stopped: load the loader's state here, in the main process,
         before iterating; restoring it into the loader as well is optional."""
         info = get_worker_info()
-        failure: BaseException | None = None
-        pos, segments = None, ()
-        try:
-            pos, segments = check_resume(state, self.plan, self.progress.segments, info)
-        except Exception as exc:
-            failure = exc
-        if info is None and self.verify and active(self.world_size):
-            agree({"fingerprint": self.fingerprint, "epoch": pos.epoch if pos else 0, "step": pos.step if pos else 0,
-                   "elastic history": segments_key(segments)},
-                  "the resumed position" + (f" (epoch {pos.epoch}, step {pos.step})" if pos else ""), failure)
-        elif failure is not None:
-            raise failure
-        # (agree() raised on every rank if any failed to read the state)
-        self.progress.load_state_dict(resume_state(pos, segments), *((None, 0) if info is None else
-                                                                     (info.id, info.num_workers)))
+        where = (None, 0) if info is None else (info.id, info.num_workers)
+        position = resume(state, self.plan, self.progress.segments, info, self.verify, self.fingerprint)
+        self.progress.load_state_dict(position, *where)
 
     # ------------------------------------------------------------ sizes
 

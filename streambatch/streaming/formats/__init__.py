@@ -1,3 +1,4 @@
 """Sample formats inside a shard: tar member scanning (plain, GNU/PAX sparse) and audio headers and decoding.
 
-Stage: bytes of a shard -> (key, member name, offset, size) records; a sample dict -> decoded tensors."""
+Stream: bytes of a shard -> (key, member name, offset, size) records; a sample's bytes -> its dict -> decoded
+tensors."""

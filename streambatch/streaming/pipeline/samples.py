@@ -100,6 +100,12 @@ def decode(steps: Iterator[Step], fn: Decoder | None) -> Iterator[Step]:
         yield Step(step.index, (_decode(fn, x) for x in step.samples))
 
 
+def collate(batches: Iterator[list[Any]], fn: Callable[[list[Any]], Any] | None) -> Iterator[Any]:
+    """A step's samples -> ``fn(samples)`` (the list itself without a collate function)."""
+    for batch in batches:
+        yield fn(batch) if fn is not None else batch
+
+
 def keep_read(steps: Iterator[Step], on_error: str, skip: Callable[[], int]) -> Iterator[tuple[int, list[Any]]]:
     """(epoch step, the samples read) per step. A ``ShardError`` raises with
     ``on_error="raise"``; with ``"skip"`` it is counted (``skip()`` returns

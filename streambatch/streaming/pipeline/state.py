@@ -16,8 +16,9 @@ Stream: nothing: the checked position a state resumes at."""
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -26,6 +27,7 @@ from ...core.config import check_epoch
 from ...core.plan import config_fingerprint
 from ...core.state import differences, max_world, read_state, state_int
 from ...planners.elastic import Segments, read_history, resize
+from ...torch_glue.distributed import active, agree
 from ...torch_glue.elastic import dataset_state_from_loader, is_loader_state
 from ..epoch.plan import EpochPlan
 from ..runtime.counters import MAX_WORKERS
@@ -107,7 +109,33 @@ def legacy_fingerprint(config: Any, catalog: Any) -> str:
     return h.hexdigest()
 
 
-def check_resume(state: Any, plan: EpochPlan, have: Any, info: Any) -> tuple[Position, Segments]:
+def resume(state: Any, plan: EpochPlan, have: Callable[[int], Segments], info: Any, verify: bool,
+           fingerprint: int) -> dict[str, Any]:
+    """The position ``state`` resumes at, checked, in the keys
+    ``steps.Progress.load_state_dict`` takes (``segments``: the elastic
+    history this world resumes with). Loaded in DataLoader worker ``info``
+    (None: the main process, where with ``verify`` under torch.distributed
+    every rank checks that all resume alike, and all raise if any failed).
+    have(epoch) -> the history the main process already set for ``epoch``."""
+    failure: BaseException | None = None
+    pos, segments = None, ()
+    try:
+        pos, segments = check_resume(state, plan, have, info)
+    except Exception as exc:
+        failure = exc
+    if info is None and verify and active(plan.config.world_size):
+        agree({"fingerprint": fingerprint, "epoch": pos.epoch if pos else 0, "step": pos.step if pos else 0,
+               "elastic history": segments_key(segments)},
+              "the resumed position" + (f" (epoch {pos.epoch}, step {pos.step})" if pos else ""), failure)
+    elif failure is not None:
+        raise failure
+    pos = cast(Position, pos)  # agree() raised on every rank if any failed to read the state
+    return {S.EPOCH: pos.epoch, S.STEP: pos.step, S.WORKER: pos.worker, S.NUM_WORKERS: pos.num_workers,
+            S.SKIPPED: pos.skipped, S.SEGMENTS: segments}
+
+
+def check_resume(state: Any, plan: EpochPlan, have: Callable[[int], Segments], info: Any
+                 ) -> tuple[Position, Segments]:
     """(the checked position, the elastic history this world resumes with) of
     ``state`` loaded in DataLoader worker ``info`` (None: the main process).
     have(epoch) -> the history the main process already set for ``epoch``
@@ -140,12 +168,6 @@ def _prepared(have: Segments, segments: Segments, saved_world: int, world: int, 
             "iterate the loader (restoring loader_state into it too is optional)"
         )
     return have
-
-
-def resume_state(pos: Position, segments: Segments) -> dict[str, Any]:
-    """The checked position in the keys ``steps.Progress.load_state_dict`` takes."""
-    return {S.EPOCH: pos.epoch, S.STEP: pos.step, S.WORKER: pos.worker, S.NUM_WORKERS: pos.num_workers,
-            S.SKIPPED: pos.skipped, S.SEGMENTS: segments}
 
 
 def segments_key(segments: Segments) -> int:

@@ -93,6 +93,14 @@ class Cursor:
             steps = win.worker_steps(self.start, self.stride)
             yield RankWindow(win, nxt, steps, [win.plan.batch(s - win.first_step, rank) for s in steps])
 
+    def deliver(self, batches: Iterable[tuple[int, Any]]) -> Iterator[Any]:
+        """(epoch step, batch) -> batch, moving this position past each step
+        as its batch goes out; after the last, ``check_end``."""
+        for step, batch in batches:
+            self.step = step + self.stride
+            yield batch
+        self.check_end()
+
     def check_end(self) -> None:
         """After the last window: a start beyond the epoch is a state or start batch of another dataset."""
         if self.start > self.total + self.limit:

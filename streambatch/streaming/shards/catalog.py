@@ -8,7 +8,10 @@ rewritten while a job runs (another ``--frames-per-second``, ``--force``)
 cannot make ranks plan differently. The keys and byte positions needed to
 read samples are read window by window and checked against the sidecar
 digest recorded at open: a shard re-indexed with other positions is a
-``ShardError``, never a silent mix of old and new.
+``ShardError``, never a silent mix of old and new. Which shards are local
+files is decided once per shard (``Catalog.local``).
+
+Stream: a ``Catalog``: per shard its URL, sidecar, sample count and lengths; its sample table on demand.
 """
 
 from __future__ import annotations

@@ -3,6 +3,8 @@
 Lengths come from a ``LengthSpec`` (``lengths.py``); the sidecar format is
 ``sidecar.py``'s and the staleness rules ``shard_identity.py``'s; the tar
 scan and member grouping are ``tar.py``'s.
+
+Stream: shards -> their sidecars (and a catalog file), written.
 """
 
 from __future__ import annotations

@@ -22,6 +22,8 @@ GET, written in one PUT).
 
 What a current sidecar guarantees about its shard (staleness, the shard
 identity recorded in ``meta``) is ``shard_identity.py``'s.
+
+Stream: one shard's sample table (keys, lengths, offsets, sizes), checked.
 """
 
 from __future__ import annotations
