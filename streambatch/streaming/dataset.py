@@ -99,7 +99,7 @@ class StreamingBatches(IterableDataset):
         try:
             lists = ShardLists(urls, samples_per_epoch=samples_per_epoch, index_dir=index_dir)
             self.options = o = Options.build(
-                index_dir=index_dir, index_missing=index_missing, length_from=length_from,
+                index_missing=index_missing, length_from=length_from,
                 frames_per_second=frames_per_second, index_workers=index_workers, verify=verify,
                 storage_options=storage_options, cache_dir=cache_dir, prefetch_shards=prefetch_shards,
                 prefetch_bytes=prefetch_bytes, retry=retry, trust_catalog=trust_catalog, decode=decode,

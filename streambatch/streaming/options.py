@@ -5,8 +5,9 @@ The constructor keeps its flat keywords; inside, ``Options.build`` checks
 them (TypeError/ValueError naming the bad one) and groups them:
 
 - ``index``: ``IndexOptions`` (``shards/lists.py``), the catalog stage:
-  index_dir, index_missing, length_from, frames_per_second, index_workers,
-  and ``verify``'s check of each shard against its sidecar;
+  index_missing, length_from, frames_per_second, index_workers, and
+  ``verify``'s check of each shard against its sidecar (``index_dir`` goes
+  with the shard lists, ``ShardLists``: a ``Source`` may name its own);
 - ``remote``: ``RemoteOptions`` (``io/remote_io.py``), remote shards and
   catalogs: storage_options, cache_dir, prefetch_shards, prefetch_bytes,
   retry, trust_catalog;
@@ -53,7 +54,7 @@ class Options:
     verify: bool
 
     @classmethod
-    def build(cls, *, index_dir: str | None = None, index_missing: Any = False, length_from: LengthFrom | None = None,
+    def build(cls, *, index_missing: Any = False, length_from: LengthFrom | None = None,
               frames_per_second: float | None = None, index_workers: IntLike | None = 1, verify: Any = True,
               storage_options: dict[str, Any] | None = None, cache_dir: str | None = None,
               prefetch_shards: IntLike = 4, prefetch_bytes: IntLike | None = None,
@@ -62,7 +63,7 @@ class Options:
         """Check every setting, in the order the constructor always has."""
         index_missing = check_flag("index_missing", index_missing)
         cross_check, shard_check = check_verify(verify)
-        index = IndexOptions(index_dir, index_missing, length_from, frames_per_second, index_workers, shard_check)
+        index = IndexOptions(index_missing, length_from, frames_per_second, index_workers, shard_check)
         remote = RemoteOptions.build(storage_options, cache_dir, prefetch_shards, prefetch_bytes, retry,
                                      check_trust(trust_catalog))
         return cls(index, remote, OutputOptions.build(decode, collate_fn, on_error), cross_check)

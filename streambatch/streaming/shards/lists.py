@@ -31,13 +31,14 @@ from .sources import Source, SourceCatalog, is_sources, mix_sources, source_labe
 
 @dataclass(frozen=True)
 class IndexOptions:
-    """How sidecars are found and checked (``StreamingBatches``' indexing
-    keywords): index_dir, index_missing (index local shards that have none),
+    """How sidecars are checked and missing ones made (``StreamingBatches``'
+    indexing keywords): index_missing (index local shards that have none),
     length_from / frames_per_second (how lengths are computed when indexing;
     if given, sidecars made another way are stale), workers (index_workers),
-    verify ("stat" or "full": the check of each shard against its sidecar)."""
+    verify ("stat" or "full": the check of each shard against its sidecar).
+    Where the sidecars are (``index_dir``) belongs to each shard list: a
+    ``Source`` may name its own."""
 
-    index_dir: str | None = None
     index_missing: bool = False
     length_from: LengthFrom | None = None
     frames_per_second: float | None = None
