@@ -14,6 +14,7 @@ process and its (reaped) DataLoader workers. Medians over the passes; ratios are
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import hashlib
 import os
 import resource
@@ -162,7 +163,7 @@ def digests(paths, out: str, tokens: int) -> None:
             ds = StreamingBatches(paths, tokens, 64, rank=rank, world_size=2, decode="audio" if decode else None,
                                   verify=False, **kw)
         if not collate:
-            ds.collate_fn = None
+            ds.options = dataclasses.replace(ds.options, output=dataclasses.replace(ds.options.output, collate_fn=None))
         h = hashlib.sha256()
         steps = 0
         for b in DataLoader(ds, batch_size=None, num_workers=workers):

@@ -48,10 +48,11 @@ from streambatch.planners import make_plan  # noqa: E402
 from streambatch.planners.elastic import step_samples  # noqa: E402
 from streambatch.planners.epoch import plan_epoch_steps  # noqa: E402
 from streambatch.planners.interleave import step_counts  # noqa: E402
+from streambatch.streaming.epoch.mixes import mixed_inputs, source_of_shards  # noqa: E402
 from streambatch.streaming.epoch.sample_mode import plan_windows  # noqa: E402
 from streambatch.streaming.epoch.windows import WindowConfig  # noqa: E402
 from streambatch.streaming.shards.catalog import Catalog  # noqa: E402
-from streambatch.streaming.shards.sources import SourceCatalog, mixed_inputs, source_of_shards  # noqa: E402
+from streambatch.streaming.shards.sources import SourceCatalog  # noqa: E402
 
 from distributions import FRAME_RATE, make_lengths  # noqa: E402
 

@@ -31,10 +31,12 @@ from mixing import REAL, memory_catalog, prefix_errors, real  # noqa: E402
 
 from streambatch.core.mix import Mix, SourceSpec  # noqa: E402
 from streambatch.planners.interleave import step_counts  # noqa: E402
+from streambatch.streaming.epoch.mixes import mixed_inputs, source_of_shards  # noqa: E402
+from streambatch.streaming.epoch.modes import READ_MODES  # noqa: E402
 from streambatch.streaming.epoch.sample_mode import plan_windows  # noqa: E402
 from streambatch.streaming.epoch.shard_mode import plan_affine  # noqa: E402
-from streambatch.streaming.epoch.windows import WindowConfig, default_window  # noqa: E402
-from streambatch.streaming.shards.sources import SourceCatalog, mixed_inputs, source_of_shards  # noqa: E402
+from streambatch.streaming.epoch.windows import WindowConfig  # noqa: E402
+from streambatch.streaming.shards.sources import SourceCatalog  # noqa: E402
 
 from distributions import make_lengths  # noqa: E402
 
@@ -57,7 +59,7 @@ def next_of(inputs, _world: int):
 
 def run(sc: SourceCatalog, weights: np.ndarray, world: int, mode: str) -> dict:
     cat = sc.catalog
-    window = default_window("shard", world)
+    window = READ_MODES["shard"].default_window(world)
     cfg = WindowConfig(BUDGET, CAP, world, window, True, False, SEED, "bucketed", (), mode)
     real_t = padded = 0
     balance, counts = [], []

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import socket
+import time
 
 import numpy as np
 
@@ -26,6 +27,15 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def wait_for(paths: list[str], timeout: float = 120) -> None:
+    """Wait until every file of ``paths`` exists (another process wrote it), or TimeoutError."""
+    end = time.monotonic() + timeout
+    while not all(os.path.exists(p) for p in paths):
+        if time.monotonic() > end:
+            raise TimeoutError(f"waited {timeout} s for {paths}")
+        time.sleep(0.05)
 
 
 def lognormal_lengths(n: int, seed: int = 0) -> np.ndarray:

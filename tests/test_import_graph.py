@@ -114,8 +114,65 @@ def test_no_cycles_behind_function_level_imports():
     assert not found, "import cycles:\n" + "\n".join(" -> ".join(c) for c in found)
 
 
+def function_level_imports(module: str) -> list[int]:
+    """Lines of the imports of streambatch modules inside functions of ``module``."""
+    path = MODULES[module]
+    with open(path) as f:
+        tree = ast.parse(f.read())
+    lines = []
+    for fn in ast.walk(tree):
+        if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            for node in ast.walk(fn):
+                if isinstance(node, ast.ImportFrom) and (node.level or (node.module or "").startswith("streambatch")):
+                    lines.append(node.lineno)
+    return sorted(set(lines))
+
+
+def test_function_level_imports_are_lazy_for_start_up():
+    # A function-level import is kept only to spare start-up (no numba before the first plan: test_startup.py),
+    # and says so; one that only hid a cycle must be a module-level import now (the graph has no cycles).
+    bad = []
+    for m, path in MODULES.items():
+        if layer(m) not in (0, 1, 2):  # the command line and integrations import lazily to keep --help fast
+            continue
+        with open(path) as f:
+            text = f.read().splitlines()
+        for line in function_level_imports(m):
+            i = line - 1
+            while i > 0 and "lazy" not in text[i] and text[i].strip().startswith(("from ", "import ")):
+                i -= 1  # an import block shares the comment above it
+            if "lazy" not in text[i]:
+                bad.append(f"{m}:{line}: {text[line - 1].strip()}")
+    assert not bad, "function-level imports without a '# lazy for start-up' reason:\n" + "\n".join(bad)
+
+
+# streaming's parts, lowest first: a module imports its own part and the parts before it, never one after
+# (the stages read downward: catalog (shards) -> epoch plan -> the pass's stages (pipeline) -> the dataset).
+STREAMING = ("errors", "formats", "io", "runtime", "shards", "epoch", "pipeline", "options", "dataset")
+
+
+def streaming_part(module: str) -> str | None:
+    parts = module.split(".")
+    return parts[2] if len(parts) > 2 and parts[1] == "streaming" else None
+
+
+def test_streaming_parts_import_downward():
+    bad = []
+    for m in MODULES:
+        a = streaming_part(m)
+        if a is None:
+            continue
+        for target, _ in imports(m):
+            b = streaming_part(target)
+            if b is not None and STREAMING.index(b) > STREAMING.index(a):
+                bad.append(f"{m} -> {target}")
+    assert not bad, "streaming imports against the stage order " + str(STREAMING) + ":\n" + "\n".join(sorted(bad))
+    assert {streaming_part(m) for m in MODULES} - {None} == set(STREAMING)  # every part has its place
+
+
 def test_the_graph_sees_imports():
     # the walker finds the edges it is about (a test that cannot fail by seeing none)
     edges = {t for t, _ in imports("streambatch.streaming.dataset")}
-    assert "streambatch.streaming.epoch.windows" in edges and "streambatch.core.plan" in edges
+    assert "streambatch.streaming.epoch.windows" in edges and "streambatch.core.config" in edges
     assert layer("streambatch.cli.main") == 3 and layer("streambatch.core.cost") == 0
+    assert function_level_imports("streambatch.streaming.epoch.sample_mode")  # (the lazy interleaver import)

@@ -43,8 +43,8 @@ def torchrun_part() -> tuple[int, int] | None:
 
 
 def run_index(args: argparse.Namespace) -> int:
-    from ..streaming.io.reader import expand_urls
     from ..streaming.io.retry import RetryPolicy
+    from ..streaming.io.urls import expand_urls
     from ..streaming.shards.indexer import index_shards, merge_catalog, parse_part
     from ..streaming.shards.sidecar import default_index_dir
 

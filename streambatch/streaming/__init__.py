@@ -1,10 +1,17 @@
-"""Streaming over WebDataset tar shards: sidecar indexes and StreamingBatches."""
+"""Streaming over WebDataset tar shards: sidecar indexes and StreamingBatches.
+
+``StreamingBatches`` (``dataset.py``) wires the stages, one sub-package each, lowest first: ``formats``
+(tar bytes -> samples), ``io`` (bytes of local and remote shards), ``runtime`` (counters shared with DataLoader
+workers, the cross-rank failure channel), ``shards`` (URLs -> catalog), ``epoch`` (catalog + epoch -> planned
+windows), ``pipeline`` (one pass: windows -> this rank's steps -> bytes -> samples -> batches).
+
+Stream: batches (``StreamingBatches``); the names below are the public API."""
 
 from .dataset import StreamingBatches
 from .epoch.windows import EpochSummary
 from .errors import CacheError, ShardError
 from .formats.audio import collate_audio, decode_audio
-from .io.reader import expand_urls
+from .io.urls import expand_urls
 from .shards.catalog import Catalog, open_catalog
 from .shards.indexer import IndexSummary, index_shards
 from .shards.lengths import LengthSpec, length_spec

@@ -1,6 +1,8 @@
 """The errors streaming failures surface as: ``ShardError`` for a shard that
 cannot be read (``on_error="skip"`` may skip its samples), ``CacheError`` for
-the machine's own disk (never skipped, never retried)."""
+the machine's own disk (never skipped, never retried).
+
+Stream: nothing: the exceptions the stages raise."""
 
 from __future__ import annotations
 

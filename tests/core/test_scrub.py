@@ -97,7 +97,7 @@ def test_scrub_options_and_exception_chain():
 
 
 def test_every_streambatch_logger_scrubs(caplog):
-    for module in ("dataset", "pipeline.reading", "runtime.failures", "io.remote", "io.cache"):
+    for module in ("dataset", "pipeline.samples", "epoch.plan", "runtime.failures", "io.retry", "io.disk", "io.cache"):
         __import__(f"streambatch.streaming.{module}")
     __import__("streambatch.torch_glue.sampler")
     loggers = [logging.getLogger(n) for n in logging.root.manager.loggerDict if n.startswith("streambatch")]
@@ -165,17 +165,23 @@ def _shard_error_classes() -> set[str]:
 
 
 def _sites() -> list[tuple[str, int, str, list[str]]]:
-    """(file, line, kind, unscrubbed URL-ish values) of every raise, log and
-    print site under streaming/ and cli/ that formats something URL-ish."""
+    """(file, line, kind, unscrubbed URL-ish values) of every raise (or
+    ShardError/CacheError built to be raised later), log and print site under
+    streaming/ and cli/ that formats something URL-ish."""
     sites = []
     files = sorted(glob.glob(str(PACKAGE / "streaming" / "**" / "*.py"), recursive=True)
                    + glob.glob(str(PACKAGE / "cli" / "*.py")) + [str(PACKAGE / "core" / "long_samples.py")])
+    errors = _shard_error_classes()
     for path in files:
         tree = ast.parse(pathlib.Path(path).read_text())
+        raised = {id(n.exc) for n in ast.walk(tree) if isinstance(n, ast.Raise)}
         for node in ast.walk(tree):
             call, kind = None, None
             if isinstance(node, ast.Raise) and isinstance(node.exc, ast.Call):
                 call, kind = node.exc, "raise"
+            elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in errors \
+                    and id(node) not in raised:
+                call, kind = node, "raise"  # an error built to be raised later (a pipeline stage passes it on)
             elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) \
                     and node.func.attr in _LOG_METHODS and isinstance(node.func.value, ast.Name) \
                     and node.func.value.id in ("log", "logger"):

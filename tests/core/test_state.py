@@ -117,7 +117,7 @@ def test_version1_sampler_state_still_loads():
 
 
 def test_version1_streaming_state_still_loads(corpus):
-    from streambatch.streaming.runtime.counters import legacy_fingerprint
+    from streambatch.streaming.pipeline.state import legacy_fingerprint
 
     ds = make(corpus, rank=1, world_size=2)
     ds.set_epoch(1)

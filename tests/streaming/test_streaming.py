@@ -184,7 +184,9 @@ def test_state_roundtrip(corpus):
     check_state_roundtrip(lambda: make(corpus, rank=1, world_size=2), key=lambda b: tuple(s["__key__"] for s in b))
 
 
-def test_resume_at_random_points_reads_only_what_remains(corpus):
+def test_resume_at_random_points_reads_only_what_remains(corpus, monkeypatch):
+    from streambatch.streaming.pipeline.reads import SampleReads
+
     rng = random.Random(5)
     ref_ds = make(corpus, rank=0, world_size=2)
     ref_ds.set_epoch(3)
@@ -197,15 +199,16 @@ def test_resume_at_random_points_reads_only_what_remains(corpus):
         state = ds.state_dict()
         fresh = make(corpus, rank=0, world_size=2)
         reads = []
-        orig = fresh._sample
+        orig = SampleReads._read
 
-        def spy(win, i, *a, _orig=orig, _reads=reads):
+        def spy(self, win, i, _orig=orig, _reads=reads):
             _reads.append(1)
-            return _orig(win, i, *a)
+            return _orig(self, win, i)
 
-        fresh._sample = spy
+        monkeypatch.setattr(SampleReads, "_read", spy)  # the byte-read stage of fresh's pass
         fresh.load_state_dict(state)
         tail = keys(fresh)
+        monkeypatch.undo()
         assert head + tail == ref
         assert len(reads) == sum(len(b) for b in tail)  # nothing before the cut was read
 

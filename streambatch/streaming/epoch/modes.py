@@ -1,12 +1,16 @@
-"""The read-mode registry: the one place ``read_mode`` picks an epoch loop.
+"""The read-mode registry: the one place ``read_mode`` picks a strategy.
 
-``READ_MODES[config.read_mode]`` is a ``ReadMode`` whose ``plain`` plans one
-shard list's epoch and ``mixed`` a mix's (``shards/sources.py``), both with
-the elastic ``segments`` of a resumed epoch. ``"sample"``: each window planned
-across all ranks (``sample_mode.py``); ``"shard"``: each rank trains a
-contiguous piece of the window's shards (``shard_mode.py``). ``iter_windows``
-and ``summarize`` (an epoch without segments) and ``StreamingBatches._windows``
-dispatch here; nothing else compares ``read_mode`` to choose a loop.
+``READ_MODES[name]`` is a ``ReadMode``: its ``plain`` plans one shard list's
+epoch and ``mixed`` a mix's (``mixes.py``), both with the elastic
+``segments`` of a resumed epoch; ``default_window`` is its window size when
+the user gives none, ``warm_up`` loads its planner before DataLoader workers
+fork, and ``rank_share`` says whether each rank streams only its own share
+of a window's bytes. ``"sample"``: each window planned across all ranks
+(``sample_mode.py``); ``"shard"``: each rank trains a contiguous piece of the
+window's shards (``shard_mode.py``). ``resolve_mode`` turns the user's
+``read_mode`` into one of them, once per dataset; ``iter_windows`` and
+``summarize`` dispatch on a config's; nothing else compares ``read_mode`` to
+choose a loop.
 
 Stream: ``Window`` objects (a window's plan and each rank's reads), in epoch order.
 """
@@ -18,10 +22,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ...planners import plan_epoch
 from ...planners.elastic import Segments
+from .affinity.plan import warm_up as warm_up_affine
 from .sample_mode import WindowInput, plain_inputs, plan_windows
 from .shard_mode import affine_windows, plan_affine
-from .windows import EpochSummary, Window, WindowConfig
+from .windows import EpochSummary, Window, WindowConfig, check_read_mode
 
 
 def _sample_plain(counts: np.ndarray, load_lengths: Callable[[int], np.ndarray], config: WindowConfig, epoch: int,
@@ -40,26 +46,60 @@ def _shard_mixed(inputs: Iterator[WindowInput], config: WindowConfig, epoch: int
     return plan_affine(lambda _w: next(inputs, None), config, epoch, segments, source_of, num_sources)
 
 
+def _warm_sample(config: WindowConfig, world_size: int) -> None:
+    plan_epoch(np.ones(world_size, dtype=np.int64), config, 0)
+
+
+def _warm_shard(config: WindowConfig, world_size: int) -> None:
+    warm_up_affine(config.max_batch_tokens, config.max_batch_size, world_size, config.options)
+
+
 @dataclass(frozen=True)
 class ReadMode:
-    """One read mode's epoch loops.
+    """One read mode's strategy.
 
     plain(counts, load_lengths, config, epoch, segments=(), window_of=None):
         one shard list's windows; ``window_of(W)`` is the window size a run at
         W ranks used (shard mode's default follows W).
     mixed(inputs, config, epoch, segments, source_of, num_sources): a mix's
         windows from its ``WindowInput`` stream.
+    default_window(W): ``window_samples`` when the user gives none, at W ranks.
+    warm_up(config, W): load (or compile) the planner now, so DataLoader
+        workers forked later inherit it instead of each loading it again.
+    rank_share: each rank streams only its own share (1/W) of a window's shards.
     """
 
     name: str
     plain: Callable[..., Iterator[Window]]
     mixed: Callable[..., Iterator[Window]]
+    default_window: Callable[[int], int]
+    warm_up: Callable[[WindowConfig, int], None]
+    rank_share: bool
+
+
+# Window sizes when the user gives none: 20,000; in shard mode at least 2,500 per rank (each rank's own
+# samples must be many enough to cut balanced batches from: see bench/affinity.py). Module-level functions,
+# not lambdas: a dataset travels to spawned DataLoader workers by pickle.
+def _sample_window(world_size: int) -> int:
+    return 20_000
+
+
+def _shard_window(world_size: int) -> int:
+    return max(20_000, 2_500 * world_size)
 
 
 READ_MODES: dict[str, ReadMode] = {
-    "sample": ReadMode("sample", _sample_plain, _sample_mixed),
-    "shard": ReadMode("shard", affine_windows, _shard_mixed),
+    "sample": ReadMode("sample", _sample_plain, _sample_mixed, _sample_window, _warm_sample, False),
+    "shard": ReadMode("shard", affine_windows, _shard_mixed, _shard_window, _warm_shard, True),
 }
+
+
+def resolve_mode(read_mode: str | None, all_local: Callable[[], bool]) -> ReadMode:
+    """The strategy of ``read_mode``; None picks ``"sample"`` when every shard
+    is a local file (``all_local()``: seeks are free), else ``"shard"``."""
+    if read_mode is None:
+        read_mode = "sample" if all_local() else "shard"
+    return READ_MODES[check_read_mode(read_mode)]
 
 
 def iter_windows(counts: np.ndarray, load_lengths: Callable[[int], np.ndarray], config: WindowConfig,

@@ -42,24 +42,17 @@ from ...core.validation import check_int
 from ...planners import RECOMMENDED
 
 _U64 = 1 << 64
-READ_MODES = ("sample", "shard")
+MODE_NAMES = ("sample", "shard")  # the strategies are epoch/modes.py READ_MODES
 
 
 def check_read_mode(mode: Any) -> str:
     """A read mode name, or ValueError listing the valid ones."""
-    if not isinstance(mode, str) or mode not in READ_MODES:
+    if not isinstance(mode, str) or mode not in MODE_NAMES:
         raise ValueError(
-            f"read_mode must be one of {list(READ_MODES)} (or None to choose by URL: 'sample' for local files, "
+            f"read_mode must be one of {list(MODE_NAMES)} (or None to choose by URL: 'sample' for local files, "
             f"'shard' for remote or pipe: URLs), got {mode!r}"
         )
     return mode
-
-
-def default_window(read_mode: str, world_size: int) -> int:
-    """window_samples when the user gives none: 20,000, and in shard mode at
-    least 2,500 per rank (each rank's own samples must be many enough to cut
-    balanced batches from: see bench/affinity.py)."""
-    return 20_000 if read_mode == "sample" else max(20_000, 2_500 * world_size)
 
 
 @dataclass(frozen=True, init=False)
@@ -141,6 +134,17 @@ class Window:
     def num_steps(self) -> int:
         return self.plan.num_steps
 
+    def worker_steps(self, start: int, stride: int) -> range:
+        """The window's epoch steps that the DataLoader worker starting at epoch
+        step ``start`` with ``stride`` workers yields (``start, start + stride, ...``)."""
+        return worker_steps(self.first_step, self.first_step + self.num_steps, start, stride)
+
+    def rank_samples(self, rank: int, steps: range) -> np.ndarray:
+        """(k,) int64 window sample indices of ``rank``'s batches of ``steps``, in step order."""
+        if not steps:
+            return np.zeros(0, dtype=np.int64)
+        return np.concatenate([self.plan.batch(s - self.first_step, rank) for s in steps]).astype(np.int64)
+
     def rank_reads(self, rank: int) -> list[tuple[int, int, int]]:
         """Shard mode: [(shard, lo, hi)] that ``rank`` streams for this window,
         in order (samples lo:hi of the shard, i.e. one contiguous byte range)."""
@@ -165,6 +169,13 @@ class EpochSummary:
     dropped: int
     window_steps: tuple[int, ...]
     too_long: int = 0
+
+
+def worker_steps(lo: int, hi: int, start: int, stride: int) -> range:
+    """Epoch steps in ``[lo, hi)`` that the worker starting at ``start`` with
+    ``stride`` workers yields: ``start, start + stride, ...``."""
+    first = start if lo <= start else start + -(-(lo - start) // stride) * stride
+    return range(first, hi, stride)
 
 
 def shard_order(num_shards: int, seed: int, epoch: int, shuffle: bool) -> np.ndarray:

@@ -1,4 +1,5 @@
 """Sample formats inside a shard: tar member scanning (plain, GNU/PAX sparse) and audio headers and decoding.
 
-Stage: bytes of a shard -> (key, member name, offset, size) records; a sample dict -> decoded tensors; a batch of
-samples -> padded (``audio.collate_audio``) or packed, padding-free (``packed.collate_packed``) tensors."""
+Stream: bytes of a shard -> (key, member name, offset, size) records; a sample's bytes -> its dict -> decoded
+tensors; a batch of samples -> padded (``audio.collate_audio``) or packed, padding-free (``packed.collate_packed``)
+tensors."""

@@ -1,4 +1,7 @@
-"""Byte reads: local files and remote objects (fsspec), ranged reads, streams, the node-local cache, the
-window reader and retries.
+"""Byte access: shard URLs (``urls``), local files and streams (``reader``), one remote object through
+fsspec (``objects``: schemes, filesystems, bounded calls, identity; ``retry``: the policy and loop;
+``streams``: one GET; ``remote``: ``RemoteShard``), ranged files for indexing (``ranged``), the node-local
+cache (``cache`` over ``pieces``, ``prefetch``, ``disk``), a window's remote pieces (``remote_reader``) and the
+remote settings of a dataset (``remote_io``).
 
-Stage: a rank's reads of a window (shard, first sample, end) -> tar bytes of its samples."""
+Stream: a rank's reads of a window (shard, offset, size) -> tar bytes of its samples."""

@@ -1,5 +1,7 @@
-"""Remote-shard settings of a ``StreamingBatches`` and the per-iteration
-reader it makes (the glue between the dataset and ``cache.py``).
+"""Remote-shard settings of a ``StreamingBatches`` (``RemoteOptions``), the
+per-pass reader they make (``RemoteIO``: the glue between the dataset and
+``cache.py``), and the check, before training, that remote shards are still
+the objects that were indexed (``check_identity``).
 
 Stream: nothing: the remote settings of a dataset and its identity checks."""
 
@@ -10,8 +12,8 @@ import logging
 import numbers
 import os
 import shutil
-from collections.abc import Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import Any
 
 from ...core.redact import scrub_options, scrub_url
@@ -19,28 +21,11 @@ from ..errors import ShardError
 from .cache import ShardCache, ShardRef
 from .disk import cache_estimate, check_cache_dir, run_dir, sweep_dead_runs
 from .objects import call, filesystem, is_remote, object_identity
-from .reader import is_local
 from .remote import RemoteShard
 from .remote_reader import RemoteWindowReader
-from .retry import RetryPolicy
+from .retry import RetryPolicy, as_policy
 
 log = logging.getLogger("streambatch.streaming")
-
-
-def lookahead(items: Iterable, enabled: bool = True) -> Iterator[tuple[Any, Any]]:
-    """(item, next item or None) pairs; with ``enabled=False`` never peeks
-    (next is always None), so a lazy iterable stays lazy."""
-    it = iter(items)
-    if not enabled:
-        for x in it:
-            yield x, None
-        return
-    sentinel = object()
-    cur = next(it, sentinel)
-    while cur is not sentinel:
-        nxt = next(it, sentinel)
-        yield cur, (None if nxt is sentinel else nxt)
-        cur = nxt
 
 
 def _check_count(name: str, value: Any, low: int, allow_none: bool = False) -> int | None:
@@ -52,9 +37,9 @@ def _check_count(name: str, value: Any, low: int, allow_none: bool = False) -> i
     return int(value)
 
 
-class RemoteIO:
-    """How a dataset reads its remote shards; picklable, so DataLoader
-    workers get a copy and each builds its own reader.
+@dataclass(frozen=True)
+class RemoteOptions:
+    """The remote-storage settings of a ``StreamingBatches`` (its keywords of the same names), checked.
 
     storage_options: passed to fsspec for every remote URL (endpoint,
         credentials, anonymous access); never logged.
@@ -68,8 +53,41 @@ class RemoteIO:
         (never skipped, never retried), after prefetch has held back.
     prefetch_shards / prefetch_bytes: download at most this many shards
         (bytes) ahead of the reader, per DataLoader worker.
-    retry: a ``RetryPolicy`` (or an int: the number of retries).
+    retry: the ``RetryPolicy`` (given as a policy, or an int: the number of
+        retries); its timeout bounds every request, catalog reads included.
+    trust: what a catalog file's entries may be (``shards/catalog_trust.py``).
     """
+
+    storage_options: dict | None = None
+    cache_dir: str | None = None
+    prefetch_shards: int = 4
+    prefetch_bytes: int | None = None
+    retry: RetryPolicy = RetryPolicy()
+    trust: bool | frozenset[str] = False
+
+    @classmethod
+    def build(cls, storage_options: Any = None, cache_dir: Any = None, prefetch_shards: Any = 4,
+              prefetch_bytes: Any = None, retry: Any = None, trust: bool | frozenset[str] = False) -> RemoteOptions:
+        """Check every setting (TypeError/ValueError naming the bad one)."""
+        policy = as_policy(retry)
+        if storage_options is not None and not isinstance(storage_options, dict):
+            raise TypeError(f"storage_options must be a dict of fsspec options or None, got "
+                            f"{type(storage_options).__name__}")
+        if cache_dir is not None and not isinstance(cache_dir, (str, os.PathLike)):
+            raise TypeError(f"cache_dir must be a directory path or None, got {type(cache_dir).__name__}")
+        return cls(storage_options, os.fspath(cache_dir) if cache_dir is not None else None,
+                   _check_count("prefetch_shards", prefetch_shards, 1),
+                   _check_count("prefetch_bytes", prefetch_bytes, 1, allow_none=True), policy, trust)
+
+    def __repr__(self) -> str:
+        return (f"RemoteOptions(storage_options={scrub_options(self.storage_options)!r}, cache_dir={self.cache_dir!r}, "
+                f"prefetch_shards={self.prefetch_shards}, prefetch_bytes={self.prefetch_bytes}, retry={self.retry}, "
+                f"trust={self.trust!r})")
+
+
+class RemoteIO:
+    """How a dataset reads its remote shards; picklable, so DataLoader
+    workers get a copy and each builds its own reader (``reader``)."""
 
     def __init__(self, remote: bool, directory: str | None, storage_options: dict | None, retry: RetryPolicy,
                  prefetch_shards: int, prefetch_bytes: int | None, threads: int = 2):
@@ -82,34 +100,23 @@ class RemoteIO:
         self.threads = threads
 
     @classmethod
-    def for_catalog(cls, catalog, rank: int, *, storage_options: dict | None = None, cache_dir: str | None = None,
-                    prefetch_shards: Any = 4, prefetch_bytes: Any = None, retry: Any = None, world_size: int = 1,
-                    window_samples: int | None = None, read_mode: str | None = None) -> RemoteIO:
-        """The settings of ``catalog``'s remote shards for ``rank``; its cache
-        directory is created and checked here (``check_cache_dir``), sized
-        with ``world_size`` / ``window_samples`` / ``read_mode``."""
-        if storage_options is not None and not isinstance(storage_options, dict):
-            raise TypeError(f"storage_options must be a dict of fsspec options or None, got "
-                            f"{type(storage_options).__name__}")
-        if cache_dir is not None and not isinstance(cache_dir, (str, os.PathLike)):
-            raise TypeError(f"cache_dir must be a directory path or None, got {type(cache_dir).__name__}")
-        prefetch_shards = _check_count("prefetch_shards", prefetch_shards, 1)
-        prefetch_bytes = _check_count("prefetch_bytes", prefetch_bytes, 1, allow_none=True)
-        if retry is None:
-            retry = RetryPolicy()
-        elif not isinstance(retry, RetryPolicy):
-            retry = RetryPolicy(retries=_check_count("retry", retry, 0))
-        remote = any(not is_local(u) for u in catalog.urls)
+    def for_catalog(cls, catalog, rank: int, options: RemoteOptions, world_size: int = 1,
+                    window_samples: int | None = None, rank_share: bool = True) -> RemoteIO:
+        """The remote reading of ``catalog``'s shards for ``rank``; its cache
+        directory is created and checked here (``disk.check_cache_dir``),
+        sized with ``world_size`` / ``window_samples`` / ``rank_share`` (each
+        rank streams only its share of a window: shard mode)."""
+        o = options
+        remote = not bool(catalog.local.all())
         directory = None
         if remote:
-            root = os.fspath(cache_dir) if cache_dir is not None else None
-            sweep_dead_runs(root)
-            directory = run_dir(root, os.getpid(), rank)
-            need = cache_estimate(catalog, world_size, window_samples, read_mode in (None, "shard"), prefetch_shards,
-                                  prefetch_bytes)
-            check_cache_dir(directory, root, need, prefetch_shards)
+            sweep_dead_runs(o.cache_dir)
+            directory = run_dir(o.cache_dir, os.getpid(), rank)
+            need = cache_estimate(catalog, world_size, window_samples, rank_share, o.prefetch_shards,
+                                  o.prefetch_bytes)
+            check_cache_dir(directory, o.cache_dir, need, o.prefetch_shards)
             atexit.register(_remove_tree, directory, os.getpid())
-        return cls(remote, directory, storage_options, retry, prefetch_shards, prefetch_bytes)
+        return cls(remote, directory, o.storage_options, o.retry, o.prefetch_shards, o.prefetch_bytes)
 
     def reader(self, catalog, rank: int, worker: int, stride: int, start: int) -> RemoteWindowReader | None:
         """A reader for one pass of one process, or None when every shard is local."""
@@ -125,7 +132,7 @@ class RemoteIO:
             size = int(sizes[s]) if sizes is not None and sizes[s] >= 0 else None
             return ShardRef(catalog.urls[s], size, etags[s] if etags is not None and etags[s] else None)
 
-        remote = [not is_local(u) for u in catalog.urls]
+        remote = (~catalog.local).tolist()
 
         def table(s: int, cache: ShardCache):
             # A sidecar in object storage is downloaded once per rank (first worker, under the cache's

@@ -15,7 +15,7 @@ that already hold them (a shard-affine piece covers the rank's whole rows,
 carried samples included, and is held on while one is carried again).
 
 The seam with planning is small: per window it uses the plan's batches for
-this rank (``win.plan.batch(step, rank)``), the sample -> shard map
+this rank (``win.worker_steps``, ``win.rank_samples``), the sample -> shard map
 (``win.shard_ids``, ``win.local``) and the next window, so it serves the
 global (sample) plan and a shard-affine plan alike.
 
@@ -33,20 +33,6 @@ from ..errors import ShardError
 from .cache import ShardCache, ShardRef
 
 GAP = 1 << 20  # bytes of unneeded samples worth downloading to save a request
-
-
-def worker_steps(lo: int, hi: int, start: int, stride: int) -> range:
-    """Epoch steps in ``[lo, hi)`` that the worker starting at ``start`` with
-    ``stride`` workers yields: ``start, start + stride, ...``."""
-    first = start if lo <= start else start + -(-(lo - start) // stride) * stride
-    return range(first, hi, stride)
-
-
-def step_samples(win, rank: int, steps: range) -> np.ndarray:
-    """(k,) int64 window sample indices of the rank's batches of ``steps``, in step order."""
-    if not steps:
-        return np.zeros(0, dtype=np.int64)
-    return np.concatenate([win.plan.batch(s - win.first_step, rank) for s in steps]).astype(np.int64)
 
 
 class RemoteWindowReader:
@@ -90,9 +76,8 @@ class RemoteWindowReader:
         A shard-affine window's pieces cover the rank's rows whole, with the
         samples it holds but carries into the next window untrained (else
         each would cost a ranged read of its own in the next window)."""
-        lo, hi = win.first_step, win.first_step + win.num_steps
         base = self.start - self.worker
-        per_worker = [step_samples(win, self.rank, worker_steps(lo, hi, max(0, base + w), self.stride))
+        per_worker = [win.rank_samples(self.rank, win.worker_steps(max(0, base + w), self.stride))
                       for w in range(self.stride)]
         needed = np.unique(np.concatenate(per_worker)) if per_worker else np.zeros(0, np.int64)
         shards = win.shard_ids[needed]

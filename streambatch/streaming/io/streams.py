@@ -7,7 +7,9 @@ Waiting is bounded by ``RetryPolicy.timeout`` everywhere: HTTP by aiohttp's
 ``sock_connect``/``sock_read`` (an idle bound: a body that keeps flowing is
 never cut), S3 by ``asyncio.wait_for`` around the request and around each
 read (aiobotocore's ``read(n)`` returns what has arrived, so this too bounds
-the silence, not the transfer), ranged chunks by ``objects.call``."""
+the silence, not the transfer), ranged chunks by ``objects.call``.
+
+Stream: the body of one GET of a remote object, from a byte offset, chunk by chunk."""
 
 from __future__ import annotations
 

@@ -21,18 +21,20 @@ so a later epoch or a restarted job is not poisoned; they are not deleted
 than one rank, or when its store is not a TCPStore (FileStore, HashStore), the
 channel is off: a failure raises on its own rank only, as before.
 
-Stream: a failure of one rank, raised on every rank."""
+Stream: a pass's batches, passed on until any rank fails (``watched``): a failure of one rank, raised on every
+rank."""
 
 from __future__ import annotations
 
 import os
 import time
 import uuid
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
-from ...core.redact import logger, scrub
+from ...core.redact import logger, scrub, scrub_exception
 from ..errors import ShardError
 
 log = logger("streambatch.streaming")
@@ -138,6 +140,27 @@ class FailureChannel:
                 return
             time.sleep(pause)
             pause = min(pause * 2, 0.2)
+
+
+def watched(items: Iterable[Any], channel: FailureChannel | None, epoch: int, passes: int) -> Iterator[Any]:
+    """The stage that ends a pass: ``items`` (a pass's batches over ``epoch``)
+    passed on, except that before each one a failure of another rank (or
+    worker) is raised here too, and after the last this pass waits until the
+    ``passes`` of every rank have ended or one failed (``FailureChannel``; with
+    no channel, nothing to hear). An error of this pass is scrubbed of
+    credentials before it leaves, and told to the other ranks."""
+    try:
+        for item in items:
+            if channel is not None:
+                channel.check(epoch)  # another rank failed: stop too, rather than train on and hang
+            yield item
+        if channel is not None:
+            channel.finish(epoch, passes)  # hear of a failure later in another rank's pass
+    except Exception as exc:
+        scrub_exception(exc)  # before it leaves the pass (and reaches other ranks): no credentials in it
+        if channel is not None:
+            channel.report(epoch, exc)
+        raise
 
 
 def open_channel(fingerprint: int, rank: int, world_size: int) -> FailureChannel | None:

@@ -8,7 +8,10 @@ rewritten while a job runs (another ``--frames-per-second``, ``--force``)
 cannot make ranks plan differently. The keys and byte positions needed to
 read samples are read window by window and checked against the sidecar
 digest recorded at open: a shard re-indexed with other positions is a
-``ShardError``, never a silent mix of old and new.
+``ShardError``, never a silent mix of old and new. Which shards are local
+files is decided once per shard (``Catalog.local``).
+
+Stream: a ``Catalog``: per shard its URL, sidecar, sample count and lengths; its sample table on demand.
 """
 
 from __future__ import annotations
@@ -28,11 +31,12 @@ from ...core.types import IntLike, LengthFrom, UrlsLike
 from ..errors import ShardError
 from ..io.objects import is_remote
 from ..io.ranged import exists
-from ..io.reader import expand_urls, is_local
 from ..io.retry import RetryPolicy
+from ..io.urls import expand_urls, is_local
 from .catalog_file import is_catalog, read_catalog
 from .catalog_trust import TrustLike, check_trust
 from .identity import VERIFY_MODES, staleness
+from .indexer import index_shards
 from .lengths import length_spec
 from .sidecar import SidecarFile, _digest, sidecar_path
 
@@ -164,8 +168,19 @@ def open_catalog(urls: UrlsLike, *, index_dir: str | None = None, index_missing:
     if verify not in VERIFY_MODES:
         raise ValueError(f"verify must be one of {VERIFY_MODES}, got {verify!r}")
     if is_catalog(urls):
-        return _from_file(os.fspath(urls), length_from, frames_per_second, storage_options, trust, retry)
-    urls = expand_urls(urls)
+        path = os.fspath(urls)
+        return from_contents(path, read_catalog(path, storage_options, trust=trust, retry=retry), length_from,
+                             frames_per_second, storage_options)
+    return open_urls(expand_urls(urls), index_dir=index_dir, index_missing=index_missing, length_from=length_from,
+                     frames_per_second=frames_per_second, index_workers=index_workers, url_hint=url_hint,
+                     verify=verify, storage_options=storage_options, retry=retry)
+
+
+def open_urls(urls: list[str], *, index_dir: str | None = None, index_missing: bool = False,
+              length_from: LengthFrom | None = None, frames_per_second: float | None = None,
+              index_workers: IntLike | None = 1, url_hint: str | None = None, verify: str = "stat",
+              storage_options: dict | None = None, retry: RetryPolicy | None = None) -> Catalog:
+    """``open_catalog`` of an expanded list of shard URLs (``io/urls.expand_urls``), from their sidecars."""
     paths = [sidecar_path(u, index_dir) for u in urls]
     dup = _first_duplicate(paths)
     if dup is not None:
@@ -190,8 +205,6 @@ def open_catalog(urls: UrlsLike, *, index_dir: str | None = None, index_missing:
     if bad:
         fixable = [i for i, _ in bad if is_local(urls[i])]
         if index_missing and len(fixable) == len(bad):
-            from .indexer import index_shards
-
             index_shards([urls[i] for i in fixable], length_from=spec or length_spec(), index_dir=index_dir,
                          workers=index_workers, progress=False, force=True)
             for i in fixable:
@@ -208,9 +221,9 @@ def open_catalog(urls: UrlsLike, *, index_dir: str | None = None, index_missing:
                    sizes, tuple(m.get("etag") or "" for m, _, _ in loaded), storage_options)
 
 
-def _from_file(path: str, length_from: Any, frames_per_second: Any, storage_options: dict | None,
-               trust: bool | frozenset[str], retry: RetryPolicy | None = None) -> Catalog:
-    c = read_catalog(path, storage_options, trust=trust, retry=retry)
+def from_contents(path: str, c: dict[str, Any], length_from: Any, frames_per_second: Any,
+                  storage_options: dict | None) -> Catalog:
+    """The Catalog of a catalog file's contents (``catalog_file.read_catalog``), read from ``path``."""
     if length_from is not None:
         want = length_spec(length_from, frames_per_second).describe()
         if c["meta"]["length_from"] != want:

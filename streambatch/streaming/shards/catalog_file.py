@@ -151,16 +151,6 @@ def read_catalog(path: str, storage_options: dict | None = None, *,
     return out
 
 
-def catalog_urls(path: str | os.PathLike, storage_options: dict | None = None, *,
-                 trust: bool | frozenset[str] = False, retry: RetryPolicy | None = None) -> list[str]:
-    """The shard URLs a catalog lists, resolved and checked as by
-    ``read_catalog`` (reads only its ``urls`` and ``meta``)."""
-    with load_npz(os.fspath(path), storage_options, retry) as z:
-        meta = json.loads(z["meta"].tobytes().decode())
-        urls = _untext(z["urls"], int(meta["shards"]))
-    return resolve_entries(os.fspath(path), urls, version=int(meta.get("version", 1)), trust=trust, what="shard")
-
-
 def merge_parts(path: str, parts: int, storage_options: dict | None = None, *,
                 retry: RetryPolicy | None = None) -> dict[str, Any]:
     """Merge ``part-*-of-parts`` files into the catalog at ``path``; shards

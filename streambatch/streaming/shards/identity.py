@@ -32,7 +32,9 @@ from typing import Any
 
 from ..errors import ShardError
 from ..io.objects import is_remote
-from ..io.reader import is_local, local_path, open_stream
+from ..io.ranged import remote_stat
+from ..io.reader import open_stream
+from ..io.urls import is_local, local_path
 
 VERIFY_MODES = ("stat", "full")
 _PROBE = 64 * 1024
@@ -95,8 +97,6 @@ def shard_stat(url: str, storage_options: dict | None = None) -> dict[str, Any]:
     ETag (one metadata request); {} for pipes, whose content digest the
     indexer takes while scanning."""
     if is_remote(url):
-        from ..io.ranged import remote_stat
-
         return remote_stat(url, storage_options)
     if not is_local(url):
         return {}

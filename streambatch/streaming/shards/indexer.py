@@ -3,6 +3,8 @@
 Lengths come from a ``LengthSpec`` (``lengths.py``); the sidecar format is
 ``sidecar.py``'s and the staleness rules ``shard_identity.py``'s; the tar
 scan and member grouping are ``tar.py``'s.
+
+Stream: shards -> their sidecars (and a catalog file), written.
 """
 
 from __future__ import annotations
@@ -27,8 +29,9 @@ from ..formats.audio import HEADER_BYTES, HEADER_EXTS, audio_ext
 from ..formats.tar import TarScanner, read_member, sample_groups
 from ..io.objects import is_remote
 from ..io.ranged import AUDIO_HEAD, READAHEAD, StreamFile, exists, open_ranged, remote_stat
-from ..io.reader import expand_urls, is_local, local_path, open_shard
+from ..io.reader import open_shard
 from ..io.retry import RangeIgnored, RetryPolicy, as_policy
+from ..io.urls import expand_urls, is_local, local_path
 from .catalog_file import catalog_arrays, default_catalog_path, merge_parts, part_path, write_catalog
 from .identity import HashingStream, content_hasher, shard_stat, staleness
 from .lengths import LengthSpec, length_of, length_spec

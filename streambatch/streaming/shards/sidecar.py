@@ -22,6 +22,8 @@ GET, written in one PUT).
 
 What a current sidecar guarantees about its shard (staleness, the shard
 identity recorded in ``meta``) is ``shard_identity.py``'s.
+
+Stream: one shard's sample table (keys, lengths, offsets, sizes), checked.
 """
 
 from __future__ import annotations
@@ -41,7 +43,8 @@ from ...core.redact import scrub
 from ...core.units import MAX_LENGTH
 from ..errors import ShardError
 from ..io.objects import is_remote, protocol
-from ..io.reader import is_local, local_path, url_basename
+from ..io.ranged import npz_bytes, read_npz_bytes, write_bytes
+from ..io.urls import is_local, local_path, url_basename
 
 # re-exported: the shard identity checks lived here before shard_identity.py
 from .identity import VERIFY_MODES as VERIFY_MODES
@@ -128,8 +131,6 @@ def write_sidecar(path: str, url: str, arrays: dict[str, np.ndarray], spec: Leng
     meta = {"format": FORMAT, "version": VERSION, "url": url, "samples": int(arrays["lengths"].size),
             "length_from": spec.describe(), "digest": _digest(arrays), **stat}
     if is_remote(path):
-        from ..io.ranged import npz_bytes, write_bytes
-
         write_bytes(path, npz_bytes(meta, arrays), storage_options, retry)
         return meta
     directory = os.path.dirname(os.path.abspath(path))
@@ -169,8 +170,6 @@ class SidecarFile:
     def __init__(self, path: str, storage_options: dict | None = None, retry=None):
         self.path = path
         if is_remote(path):  # one GET (under ``retry``, a RetryPolicy); the sidecar is small
-            from ..io.ranged import read_npz_bytes
-
             self._fh = io.BytesIO(read_npz_bytes(path, storage_options, retry))
         else:
             self._fh = open(path, "rb")  # noqa: SIM115 (closed by close()); OSError passes through as is

@@ -19,23 +19,23 @@ granularity for I/O:
   source's part of a window is cut into W pieces on its own
   (``streaming/epoch/shard_mode.py``), so every rank streams a slice of every source.
 
-Pure numpy plus sidecar reads (through ``Catalog``); no torch.
+Pure numpy plus sidecar reads (through ``Catalog``); no torch. An epoch's
+windows of a mix (the ``J`` windows above) are cut by ``streaming/epoch/mixes.py``.
 
-Stream: a mix's ``WindowInput`` stream: each window's share of every source."""
+Stream: nothing: the sources of a mix, opened as one ``SourceCatalog``."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from ...core.mix import Mix, SourceSpec, cycle_order, stream_pieces
+from ...core.mix import Mix, SourceSpec
 from ...core.redact import scrub
 from ...core.types import IntLike, UrlsLike
-from ..epoch.sample_mode import WindowInput
-from .catalog import Catalog, open_catalog
+from .catalog import Catalog
 
 
 @dataclass(frozen=True)
@@ -95,26 +95,21 @@ class SourceCatalog:
         return f"{self.mix.key()}{list(self.bounds.tolist())}"
 
 
-def open_sources(sources: Source | Sequence[Source], *, samples_per_epoch: IntLike | None = None,
-                 index_dir: str | None = None,
-                 **catalog_kwargs: Any) -> SourceCatalog:
-    """Open every source's sidecars (``open_catalog``) and build the mix."""
-    sources = [sources] if isinstance(sources, Source) else list(sources)
-    cats = []
-    for i, src in enumerate(sources):
-        try:
-            cats.append(open_catalog(src.urls, index_dir=src.index_dir or index_dir,
-                                     url_hint=src.urls if isinstance(src.urls, str) else None, **catalog_kwargs))
-        except (OSError, ValueError, TypeError) as exc:
-            label = src.name or f"source {i}"
-            raise type(exc)(f"{label}: {exc}") from exc
-    sizes = [c.num_samples for c in cats]
+def source_label(sources: Sequence[Source], i: int) -> str:
+    """How messages name source ``i``: its ``name``, else ``source i``."""
+    return sources[i].name or f"source {i}"
+
+
+def mix_sources(sources: Sequence[Source], catalogs: Sequence[Catalog], samples_per_epoch: IntLike | None = None
+                ) -> SourceCatalog:
+    """The mix of ``sources`` over their opened catalogs (one each, in order)."""
+    sizes = [c.num_samples for c in catalogs]
     empty = [i for i, n in enumerate(sizes) if n == 0]
     if empty:
         raise ValueError(f"source {empty[0]} ({scrub(repr(sources[empty[0]].urls)[:100])}) holds no samples; remove it")
     mix = Mix.build(sizes, [s.spec() for s in sources], samples_per_epoch)
-    catalog = _concat(cats)
-    bounds = np.concatenate([[0], np.cumsum([len(c.urls) for c in cats])]).astype(np.int64)
+    catalog = _concat(list(catalogs))
+    bounds = np.concatenate([[0], np.cumsum([len(c.urls) for c in catalogs])]).astype(np.int64)
     names = tuple(s.name or f"source{i}" for i, s in enumerate(sources))
     return SourceCatalog(catalog, bounds, mix, names)
 
@@ -127,63 +122,3 @@ def _concat(cats: list[Catalog]) -> Catalog:
     starts = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
     return Catalog(tuple(u for c in cats for u in c.urls), tuple(p for c in cats for p in c.sidecars), counts,
                    tuple(d for c in cats for d in c.digests), all_lengths, starts)
-
-
-def num_windows(samples: int, window_samples: int) -> int:
-    return max(1, samples // window_samples)
-
-
-def mixed_inputs(sc: SourceCatalog, window_samples: int, seed: int, epoch: int, shuffle: bool
-                 ) -> Iterator[WindowInput]:
-    """The epoch's windows (before planning): each holds the next
-    ``1/J`` of every source's epoch range. Reads one window's sidecar lengths
-    at a time (a shard's lengths are kept while consecutive windows use it)."""
-    mix = sc.mix
-    nwin = num_windows(mix.samples_per_epoch, window_samples)
-    cache: dict[int, np.ndarray] = {}
-    orders: dict[tuple[int, int], tuple[np.ndarray, np.ndarray]] = {}
-    for j in range(nwin):
-        ids, local, lens, used = [], [], [], set()
-        for i, c in enumerate(mix.counts):
-            a = epoch * c + (j * c) // nwin
-            b = epoch * c + ((j + 1) * c) // nwin
-            for cycle, lo, hi in stream_pieces(mix.sizes[i], a, b):
-                order, edges = _cycle(sc, orders, i, cycle, seed, shuffle)
-                # shards of this cycle overlapping sample positions [lo, hi)
-                k = int(np.searchsorted(edges, lo, side="right")) - 1
-                while k < order.shape[0] and edges[k] < hi:
-                    s = int(order[k])
-                    x, y = max(lo, int(edges[k])) - int(edges[k]), min(hi, int(edges[k + 1])) - int(edges[k])
-                    if y > x:
-                        if s not in cache:
-                            cache[s] = sc.catalog.lengths(s)
-                        used.add(s)
-                        ids.append(np.full(y - x, s, dtype=np.int64))
-                        local.append(np.arange(x, y, dtype=np.int64))
-                        lens.append(cache[s][x:y])
-                    k += 1
-        for s in [s for s in cache if s not in used]:
-            del cache[s]
-        none = np.zeros(0, dtype=np.int64)
-        yield WindowInput(j, np.concatenate([none] + ids), np.concatenate([none] + local),
-                          np.concatenate([none] + lens).astype(np.int64, copy=False), j == nwin - 1)
-
-
-def _cycle(sc: SourceCatalog, orders: dict, source: int, cycle: int, seed: int, shuffle: bool
-           ) -> tuple[np.ndarray, np.ndarray]:
-    """(shard order (global ids), (k + 1,) sample edges) of one source cycle,
-    keeping only the latest cycle of each source."""
-    key = (source, cycle)
-    if key not in orders:
-        for old in [k for k in orders if k[0] == source]:
-            del orders[old]
-        lo, hi = int(sc.bounds[source]), int(sc.bounds[source + 1])
-        order = cycle_order(hi - lo, seed, source, cycle, shuffle) + lo
-        edges = np.concatenate([[0], np.cumsum(sc.catalog.counts[order])]).astype(np.int64)
-        orders[key] = (order, edges)
-    return orders[key]
-
-
-def source_of_shards(sc: SourceCatalog, shard_ids: np.ndarray) -> np.ndarray:
-    """(n,) int64 source of each (global) shard id."""
-    return np.searchsorted(sc.bounds, np.asarray(shard_ids, dtype=np.int64), side="right") - 1

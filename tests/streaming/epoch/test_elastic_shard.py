@@ -153,7 +153,7 @@ def run(src, world, state=None, steps=None, epoch=1, **kw):
 def boundary(corpus, world, **kw):
     """An epoch step of ``world`` on a window boundary (not the first)."""
     ds = make(corpus[0], 0, world, **kw)
-    starts = [w.first_step for w in ds._windows(1)]
+    starts = [w.first_step for w in ds.plan.windows(1)]
     assert len(starts) >= 2
     return starts[len(starts) // 2]
 

@@ -16,13 +16,13 @@ from torch.utils.data import DataLoader
 
 from streambatch.core.redact import scrub, scrub_options, scrub_url
 from streambatch.streaming import ShardError, StreamingBatches, index_shards
+from streambatch.streaming.epoch.windows import worker_steps
 from streambatch.streaming.io.cache import ShardCache, ShardRef
 from streambatch.streaming.io.disk import run_dir, sweep_dead_runs
 from streambatch.streaming.io.objects import filesystem, is_remote, object_identity
 from streambatch.streaming.io.remote import RemoteShard
-from streambatch.streaming.io.remote_io import lookahead
-from streambatch.streaming.io.remote_reader import worker_steps
 from streambatch.streaming.io.retry import HTTPStatusError, RetryPolicy, ShortRead, is_transient
+from streambatch.streaming.pipeline.steps import lookahead
 
 from shards import FPS, write_corpus
 

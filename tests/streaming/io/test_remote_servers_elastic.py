@@ -129,13 +129,13 @@ def test_mixed_sources_over_http(mix_corpus, mix_nginx, mix_http, tmp_path, worl
     # shards + S x (W - 1) ranged reads (README, "Mixing corpora"), here the library's own rank_reads.
     gets = tar_gets(mix_nginx.log())
     planned = bound = 0
-    for win in ds._windows(0):
+    for win in ds.plan.windows(0):
         rows = {(r, s) for r in range(world) for s, _, _ in win.rank_reads(r)}
         planned += len(rows)
         new = win.shard_ids[win.n_carried:]
         bound += len(set(new.tolist())) + len(WEIGHTS) * (world - 1)
     assert sum(gets.values()) <= min(planned, bound) + retries, (sum(gets.values()), planned, bound, retries)
-    windows = len(list(ds._windows(0)))
+    windows = len(list(ds.plan.windows(0)))
     assert max(gets.values()) <= world * 2 + windows + retries, gets  # few GETs per shard
     assert not [f for _, _, fs in os.walk(tmp_path) for f in fs if f.endswith(".data")]  # evicted
 
@@ -203,7 +203,7 @@ def test_elastic_resume_over_s3(s3_corpus, tmp_path, frac):
     full, n0, _ = run(brace, 4, **local)
     if frac == "boundary":
         ds = StreamingBatches(brace, BUDGET, CAP, window_samples=WINDOW, rank=0, world_size=4, **local)
-        starts = [w.first_step for w in ds._windows(1)]
+        starts = [w.first_step for w in ds.plan.windows(1)]
         k = starts[len(starts) // 2]
     else:
         k = int(frac * n0)
@@ -225,7 +225,7 @@ def test_elastic_resume_over_s3(s3_corpus, tmp_path, frac):
     # (the interrupted window finished in sample mode, one small read per sample; later windows shard-affine)
     ds = StreamingBatches(src, BUDGET, CAP, window_samples=WINDOW, rank=0, world_size=3, storage_options=opts)
     planned = 0
-    for win in ds._windows(1, ((4, k),)):
+    for win in ds.plan.windows(1, ((4, k),)):
         if win.plan.world_size != 3 or win.first_step + win.num_steps <= k:
             continue
         for r in range(3):

@@ -71,7 +71,7 @@ def test_quotas_cycles_and_determinism(corpora):
 
 
 def test_windows_hold_the_sources_in_proportion(corpora):
-    from streambatch.streaming.shards.sources import mixed_inputs, source_of_shards
+    from streambatch.streaming.epoch.mixes import mixed_inputs, source_of_shards
 
     ds = make(corpora, window_samples=30)
     sc = ds.sources

@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 
 from streambatch.streaming import StreamingBatches, index_shards
-from streambatch.streaming.shards.sources import Source, source_of_shards
+from streambatch.streaming.epoch.mixes import source_of_shards
+from streambatch.streaming.shards.sources import Source
 
 from roundtrip import check_state_roundtrip
 from shards import FPS, write_corpus
@@ -87,7 +88,7 @@ def test_each_rank_trains_what_it_read(corpora):
         ds.set_epoch(1)
         cat = ds.catalog
         allowed = set()
-        for win in ds._windows(1):
+        for win in ds.plan.windows(1):
             keys = list(zip(win.shard_ids.tolist(), win.local.tolist()))
             rows = win.reads.tolist()
             for rr, s, lo, hi in rows:

@@ -1,0 +1,69 @@
+"""The settings of a ``StreamingBatches`` beyond planning, grouped by the
+stage that uses them.
+
+The constructor keeps its flat keywords; inside, ``Options.build`` checks
+them (TypeError/ValueError naming the bad one) and groups them:
+
+- ``index``: ``IndexOptions`` (``shards/lists.py``), the catalog stage:
+  index_missing, length_from, frames_per_second, index_workers, and
+  ``verify``'s check of each shard against its sidecar (``index_dir`` goes
+  with the shard lists, ``ShardLists``: a ``Source`` may name its own);
+- ``remote``: ``RemoteOptions`` (``io/remote_io.py``), remote shards and
+  catalogs: storage_options, cache_dir, prefetch_shards, prefetch_bytes,
+  retry, trust_catalog;
+- ``output``: ``OutputOptions`` (``pipeline/samples.py``), what a step
+  becomes: decode, collate_fn, on_error;
+- ``verify``: whether the ranks check, under torch.distributed, that they
+  built the same dataset and resume at the same position.
+
+The planning settings (budget, cap, planner, window, read mode, shuffle,
+seed, max_length) are the ``WindowConfig`` (``epoch/windows.py``).
+
+Stream: nothing: checked settings."""
+
+from __future__ import annotations
+
+from collections.abc import Collection
+from dataclasses import dataclass
+from typing import Any
+
+from ..core.types import IntLike, LengthFrom
+from ..core.validation import check_flag
+from .io.remote_io import RemoteOptions
+from .io.retry import RetryPolicy
+from .pipeline.samples import OutputOptions
+from .shards.catalog_trust import check_trust
+from .shards.lists import IndexOptions
+
+
+def check_verify(verify: Any) -> tuple[bool, str]:
+    """``verify`` -> (whether to check across ranks, the shard check: ``"full"`` or ``"stat"``)."""
+    if isinstance(verify, str) and verify != "full":
+        raise TypeError(f"verify must be True, False or 'full', got {verify!r}")
+    verify_shards = "full" if verify == "full" else "stat"
+    return (True if verify_shards == "full" else check_flag("verify", verify)), verify_shards
+
+
+@dataclass(frozen=True)
+class Options:
+    """A ``StreamingBatches``' checked settings beyond planning (see the module docstring)."""
+
+    index: IndexOptions
+    remote: RemoteOptions
+    output: OutputOptions
+    verify: bool
+
+    @classmethod
+    def build(cls, *, index_missing: Any = False, length_from: LengthFrom | None = None,
+              frames_per_second: float | None = None, index_workers: IntLike | None = 1, verify: Any = True,
+              storage_options: dict[str, Any] | None = None, cache_dir: str | None = None,
+              prefetch_shards: IntLike = 4, prefetch_bytes: IntLike | None = None,
+              retry: RetryPolicy | int | None = None, trust_catalog: bool | Collection[str] = False,
+              decode: Any = None, collate_fn: Any = None, on_error: Any = "raise") -> Options:
+        """Check every setting, in the order the constructor always has."""
+        index_missing = check_flag("index_missing", index_missing)
+        cross_check, shard_check = check_verify(verify)
+        index = IndexOptions(index_missing, length_from, frames_per_second, index_workers, shard_check)
+        remote = RemoteOptions.build(storage_options, cache_dir, prefetch_shards, prefetch_bytes, retry,
+                                     check_trust(trust_catalog))
+        return cls(index, remote, OutputOptions.build(decode, collate_fn, on_error), cross_check)
