@@ -58,10 +58,16 @@ def run_index(args: argparse.Namespace) -> int:
         print(f"merged {args.merge} parts: catalog of {meta['shards']:,} shards, {meta['samples']:,} samples")
         return 0
     part = parse_part(args.part) if args.part else torchrun_part()
-    s = index_shards(shards, length_from=args.length_from, frames_per_second=args.frames_per_second,
-                     index_dir=args.index_dir, workers=args.workers,
-                     progress=not args.no_progress and sys.stderr.isatty(), force=args.force,
-                     storage_options=options, part=part, catalog=catalog, retry=retry)
+    try:
+        s = index_shards(shards, length_from=args.length_from, frames_per_second=args.frames_per_second,
+                         index_dir=args.index_dir, workers=args.workers,
+                         progress=not args.no_progress and sys.stderr.isatty(), force=args.force,
+                         storage_options=options, part=part, catalog=catalog, retry=retry)
+    except ValueError as exc:
+        hint = rerun_hint(args, str(exc))
+        if hint is None:
+            raise
+        raise ValueError(f"{exc}; {hint}") from exc
     if part is not None and part[1] > 1 and not args.part and not args.no_catalog:
         _merge_under_torchrun(shards, part, args, options, retry)
     fps = args.frames_per_second
@@ -90,6 +96,36 @@ def run_index(args: argparse.Namespace) -> int:
     else:
         print(f"next: streambatch plan '{scrub(pattern)}'{flags} --max-batch-tokens 16000 --world-size 8")
     return 0
+
+
+def rerun_hint(args: argparse.Namespace, message: str) -> str | None:
+    """The command to run instead, for the length-source errors that name a missing flag."""
+    from ..streaming.shards.hints import HINT_FPS
+
+    if "a fraction" in message and args.frames_per_second is None:
+        flags = {"--frames-per-second": str(HINT_FPS)}
+        why = f"durations in seconds become lengths of ceil(seconds x {HINT_FPS})"
+    elif "no .json member" in message and not args.length_from.startswith("audio"):
+        flags = {"--length-from": "audio", "--frames-per-second": str(args.frames_per_second or HINT_FPS)}
+        why = "lengths from the audio headers"
+    else:
+        return None
+    return f"run `{command_line(args, flags)}` ({why})"
+
+
+def command_line(args: argparse.Namespace, flags: dict[str, str]) -> str:
+    """``streambatch index`` with this run's shards and options, ``flags`` set on top."""
+    from ..streaming.shards.hints import quote
+
+    given = {"--length-from": args.length_from if args.length_from != "json:duration" else None,
+             "--frames-per-second": f"{args.frames_per_second:g}" if args.frames_per_second else None,
+             "--index-dir": args.index_dir, "--catalog": args.catalog}
+    given.update(flags)
+    words = ["streambatch", "index", *(quote(scrub(t)) for t in args.shards)]
+    words += [f"{k} {quote(v) if k in ('--index-dir', '--catalog') else v}" for k, v in given.items() if v]
+    words += [f"-s {quote(scrub(kv))}" for kv in args.storage_option]
+    words += [flag for flag, on in (("--force", args.force), ("--no-catalog", args.no_catalog)) if on]
+    return " ".join(words)
 
 
 def _merge_under_torchrun(shards, part, args, options, retry=None) -> None:
@@ -126,7 +162,7 @@ def add_parser(sub: Any) -> None:
         "  streambatch index 'hf://datasets/org/name/train-{0000..0099}.tar' --fps 50 --index-dir idx/\n"
         "  streambatch index SHARDS --part 3/16 ... ; then: streambatch index SHARDS --merge 16"))
     ix.add_argument("shards", nargs="+", metavar="SHARD",
-                    help="shard paths, brace patterns, URLs or directories of .tar shards")
+                    help="shard paths, brace patterns, URLs or directories (every .tar shard under them)")
     ix.add_argument("--length-from", default="json:duration", metavar="SOURCE",
                     help="json:FIELD (a field of the .json member), audio (header of the first audio member) "
                          "or audio:SUFFIX")
