@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import socket
+import time
 
 import numpy as np
 
@@ -19,6 +20,19 @@ def examples(n: int) -> int:
     fifth (at least 10) in the fast loop. The same property is checked in
     both; the full tier only searches longer."""
     return n if FULL else max(10, n // 5)
+
+
+def wait_for_files(paths: list[str], timeout: float = 600) -> None:
+    """Wait until every path exists (the files a job of other processes writes whole, then renames).
+
+    The timeout is a hang guard, not a speed limit: the writers may be a few spawned
+    processes importing torch on a machine at load 10, so it sits just under the
+    tests' own pytest timeouts."""
+    end = time.monotonic() + timeout
+    while not all(os.path.exists(p) for p in paths):
+        if time.monotonic() > end:
+            raise TimeoutError(f"waited {timeout} s for {paths}")
+        time.sleep(0.05)
 
 
 def free_port() -> int:

@@ -16,13 +16,12 @@ import collections
 import json
 import os
 import pickle
-import time
 
 import numpy as np
 import pytest
 import torch.multiprocessing as mp
 
-from helpers import Echo, free_port, lognormal_lengths
+from helpers import Echo, free_port, lognormal_lengths, wait_for_files
 from shards import FPS, write_corpus
 
 pytestmark = pytest.mark.slow  # real multi-process runs
@@ -51,14 +50,6 @@ def _loaders(pattern: str, workers: int):
             ds, StatefulDataLoader(ds, batch_size=None, num_workers=workers, multiprocessing_context=ctx))
 
 
-def _wait_for(paths: list[str], timeout: float = 120) -> None:
-    end = time.monotonic() + timeout
-    while not all(os.path.exists(p) for p in paths):
-        if time.monotonic() > end:
-            raise TimeoutError(f"waited {timeout} s for {paths}")
-        time.sleep(0.05)
-
-
 def _rank(rank, old, new, ports, steps, pattern, out, workers):
     import torch.distributed as dist
 
@@ -79,7 +70,7 @@ def _rank(rank, old, new, ports, steps, pattern, out, workers):
         os.replace(path + ".tmp", path)
     if rank >= new:
         return
-    _wait_for([os.path.join(out, f"old{r}.pkl") for r in range(old)])
+    wait_for_files([os.path.join(out, f"old{r}.pkl") for r in range(old)])
     with open(os.path.join(out, "old0.pkl"), "rb") as f:
         ckpt = pickle.load(f)["ckpt"]  # rank 0's checkpoint resumes every rank of the new job
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{ports[1]}", rank=rank, world_size=new)

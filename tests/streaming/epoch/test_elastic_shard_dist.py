@@ -14,9 +14,8 @@ import pickle
 
 import pytest
 import torch.multiprocessing as mp
-from test_elastic_dist import _wait_for
 
-from helpers import free_port
+from helpers import free_port, wait_for_files
 from shards import FPS, write_corpus
 
 pytestmark = pytest.mark.slow  # real multi-process runs
@@ -56,7 +55,7 @@ def _rank(rank, old, new, ports, steps, pattern, out, workers):
         os.replace(path + ".tmp", path)
     if rank >= new:
         return
-    _wait_for([os.path.join(out, f"old{r}.pkl") for r in range(old)])
+    wait_for_files([os.path.join(out, f"old{r}.pkl") for r in range(old)])
     with open(os.path.join(out, "old0.pkl"), "rb") as f:
         ckpt = pickle.load(f)["ckpt"]  # rank 0's checkpoint resumes every rank of the new job
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{ports[1]}", rank=rank, world_size=new)
