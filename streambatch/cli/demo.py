@@ -188,8 +188,8 @@ def print_planner_rows(rows: list, streamed, args: argparse.Namespace, num_sampl
         print(f"    {name:<12} {q.steps:>6}  {q.padding_efficiency:>7.3f}  {q.balance_efficiency:>7.3f}  "
               f"{q.budget_use:>10.3f}{mark}")
     if any(name == "greedy" for name, _ in rows) and num_samples < 4096:
-        print("    (greedy, the seed's algorithm, shuffles within chunks of 512 length-sorted samples: on a corpus "
-              "this small\n     that mixes lengths almost at random; on large corpora it pads less)")
+        print("    (greedy, the seed sampler's algorithm, shuffles within chunks of 512 length-sorted samples: on a "
+              "corpus this small\n     that mixes lengths almost at random; on large corpora it pads less)")
 
 
 def add_parser(sub: Any, planners: list[str], recommended: str) -> None:
