@@ -50,6 +50,14 @@ def run_index(args: argparse.Namespace) -> int:
 
     shards = [u for text in args.shards for u in shard_list(text)]
     options = storage_options(args.storage_option) or None
+    if args.length_from is None and args.frames_per_second is None:
+        recorded = recorded_length_source(shards, args.index_dir, options)
+        if recorded is not None:  # re-indexing keeps the lengths the sidecars were made with
+            args.length_from, args.frames_per_second = recorded
+            print(f"lengths as the existing sidecars have them: --length-from {args.length_from}"
+                  + (f" --frames-per-second {args.frames_per_second:g}" if args.frames_per_second else "")
+                  + " (pass --length-from/--frames-per-second to change)", file=sys.stderr)
+    args.length_from = args.length_from or "json:duration"
     retry = RetryPolicy(timeout=args.timeout)
     catalog = False if args.no_catalog else (args.catalog or True)
     if args.merge:
@@ -96,6 +104,24 @@ def run_index(args: argparse.Namespace) -> int:
     else:
         print(f"next: streambatch plan '{scrub(pattern)}'{flags} --max-batch-tokens 16000 --world-size 8")
     return 0
+
+
+def recorded_length_source(shards: list[str], index_dir: str | None, options: dict | None
+                           ) -> tuple[str, float | None] | None:
+    """(length_from, frames_per_second) recorded in the first shard's sidecar, if it has a readable one
+    made without a Python function; else None."""
+    from ..streaming.io.reader import expand_urls
+    from ..streaming.shards.sidecar import read_meta, sidecar_path
+
+    try:
+        first = expand_urls(shards)[0]
+        described = read_meta(sidecar_path(first, index_dir), options)["length_from"]
+    except Exception:  # no sidecar yet, or a broken one: nothing to keep
+        return None
+    if described.startswith("fn:"):
+        return None
+    source, _, rate = described.partition("*")
+    return source, float(rate[:-2]) if rate.endswith("/s") else None
 
 
 def rerun_hint(args: argparse.Namespace, message: str) -> str | None:
@@ -163,11 +189,12 @@ def add_parser(sub: Any) -> None:
         "  streambatch index SHARDS --part 3/16 ... ; then: streambatch index SHARDS --merge 16"))
     ix.add_argument("shards", nargs="+", metavar="SHARD",
                     help="shard paths, brace patterns, URLs or directories (every .tar shard under them)")
-    ix.add_argument("--length-from", default="json:duration", metavar="SOURCE",
+    ix.add_argument("--length-from", default=None, metavar="SOURCE",
                     help="json:FIELD (a field of the .json member), audio (header of the first audio member) "
-                         "or audio:SUFFIX")
+                         "or audio:SUFFIX (default: as the existing sidecars say, else json:duration)")
     ix.add_argument("--frames-per-second", "--fps", type=positive_float, metavar="FPS",
-                    help="the value is seconds: length = ceil(seconds x this)")
+                    help="the value is seconds: length = ceil(seconds x this) (default: as the existing sidecars "
+                         "say, else none: the value is already a count)")
     ix.add_argument("--index-dir", metavar="DIR", help="write sidecars here, a local directory or a URL (default: "
                     "next to each shard, through fsspec for s3://, gs://, az://; for http(s):// and hf:// shards, "
                     "which take no uploads, $STREAMBATCH_INDEX_DIR or ~/.cache/streambatch/index; required for pipe:)")

@@ -155,3 +155,47 @@ def test_a_missing_shard_is_no_such_file(tmp_path, capsys):
     shutil.rmtree(tmp_path / "c")
     with pytest.raises(FileNotFoundError, match="no such file"):
         StreamingBatches(pattern, 2000, 8)
+
+
+def test_reindexing_keeps_the_lengths_the_sidecars_were_made_with(tmp_path, capsys):
+    from streambatch.streaming.shards.sidecar import read_meta, sidecar_path
+
+    pattern = corpus(tmp_path / "c", "seconds")
+    assert main(["index", pattern, "--frames-per-second", "50", "--no-progress"]) == 0
+    assert main(["index", "--force", pattern, "--no-progress"]) == 0  # no flags: the recorded ones
+    err = capsys.readouterr().err
+    assert "lengths as the existing sidecars have them: --length-from json:duration --frames-per-second 50" in err
+    first = pattern.replace("{000..001}", "000")
+    assert read_meta(sidecar_path(first))["length_from"] == "json:duration*50/s"
+
+
+@pytest.mark.parametrize("damage", ["no lengths array", "not an npz file"])
+def test_a_broken_sidecar_names_the_command_that_rewrites_it(tmp_path, capsys, damage):
+    from streambatch.streaming.shards.sidecar import sidecar_path
+
+    pattern = corpus(tmp_path / "c", "seconds")
+    idx = str(tmp_path / "idx")
+    assert main(["index", pattern, "--frames-per-second", "50", "--no-progress", "--index-dir", idx]
+                if damage == "no lengths array" else ["index", pattern, "--frames-per-second", "50", "--no-progress"]
+                ) == 0
+    capsys.readouterr()
+    first = pattern.replace("{000..001}", "000")
+    path = sidecar_path(first, idx if damage == "no lengths array" else None)
+    if damage == "no lengths array":  # a readable meta: the hint repeats its length source and index dir
+        with np.load(path) as z:
+            kept = {k: z[k] for k in z.files if k != "lengths"}
+        with open(path, "wb") as f:
+            np.savez(f, **kept)
+    else:  # nothing readable: the hint reads the shard beside it
+        with open(path, "wb") as f:
+            f.write(b"not a zip file at all")
+    kw = {"index_dir": idx} if damage == "no lengths array" else {}
+    with pytest.raises(Exception, match="re-index the shard with") as info:
+        ds = StreamingBatches(pattern, 2000, 8, **kw)
+        list(ds)
+    argv = hinted(str(info.value))
+    assert argv[:2] == ["index", "--force"] and "--frames-per-second" in argv, argv
+    if kw:
+        assert argv[argv.index("--index-dir") + 1] == idx
+    follow(str(info.value), capsys)
+    assert sum(len(b) for b in StreamingBatches(pattern, 2000, 8, **kw)) == 12

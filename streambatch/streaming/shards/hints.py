@@ -63,6 +63,18 @@ def spec_flags(spec) -> str:
     return f" --length-from {src}{fps}"
 
 
+def described_flags(described: str | None) -> str:
+    """The flags that make lengths as a sidecar's recorded ``length_from`` says (``"json:duration*50/s"`` ->
+    `` --length-from json:duration --frames-per-second 50``); '' for None or a Python function."""
+    if not described or described.startswith("fn:"):
+        return ""
+    source, _, rate = described.partition("*")
+    flags = "" if source == "json:duration" else f" --length-from {source}"
+    if rate.endswith("/s"):
+        flags += f" --frames-per-second {rate[:-2]}"
+    return flags
+
+
 def _probe_flags(url: str) -> tuple[str, str]:
     """Flags for indexing shards like ``url`` with the defaults where they work."""
     members = _first_sample(url)

@@ -48,6 +48,10 @@ def _rank(rank, old, new, ports, steps, pattern, out, workers):
         head = [next(it) for _ in range(steps)]
         ckpt = dl.state_dict()
         del it
+        # Every old rank holds its head before the group goes: rank 0's store, which the workers' failure
+        # channel connects to, must outlive their first connection (a worker that first connects to a store
+        # whose process group was destroyed hangs in TCPStore(), past its timeout, on torch 2.13).
+        dist.barrier()
         dist.destroy_process_group()
         path = os.path.join(out, f"old{rank}.pkl")
         with open(path + ".tmp", "wb") as f:  # written whole, then renamed: the new job polls for the name
