@@ -168,8 +168,8 @@ def _bad(path: str, what: str, url: str | None = None, length_from: str | None =
     if url:
         # a sidecar kept away from its shard (index_dir): the command writes the new one there too
         away = not is_remote(path) and os.path.abspath(path) != os.path.abspath(f"{url}{SIDECAR_SUFFIX}")
-        where = f" --index-dir {quote(os.path.dirname(path) or '.')}" if away else ""
-        fix = f"`streambatch index --force{where}{described_flags(length_from)} {quote(url)}`"
+        in_dir = f" --index-dir {quote(os.path.dirname(path) or '.')}" if away else ""
+        fix = f"`streambatch index --force{in_dir}{described_flags(length_from)} {quote(url)}`"
     else:
         fix = "`streambatch index --force` and the shard's path"
     return ShardError(f"sidecar {path}: {what}; re-index the shard with {fix}")
