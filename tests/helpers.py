@@ -22,20 +22,24 @@ def examples(n: int) -> int:
     return n if FULL else max(10, n // 5)
 
 
-def free_port() -> int:
-    """A TCP port free on 127.0.0.1 right now (for gloo rendezvous, servers)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def wait_for_files(paths: list[str], timeout: float = 600) -> None:
+    """Wait until every path exists (the files a job of other processes writes whole, then renames).
 
-
-def wait_for(paths: list[str], timeout: float = 120) -> None:
-    """Wait until every file of ``paths`` exists (another process wrote it), or TimeoutError."""
+    The timeout is a hang guard, not a speed limit: the writers may be a few spawned
+    processes importing torch on a machine at load 10, so it sits just under the
+    tests' own pytest timeouts."""
     end = time.monotonic() + timeout
     while not all(os.path.exists(p) for p in paths):
         if time.monotonic() > end:
             raise TimeoutError(f"waited {timeout} s for {paths}")
         time.sleep(0.05)
+
+
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 right now (for gloo rendezvous, servers)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def lognormal_lengths(n: int, seed: int = 0) -> np.ndarray:

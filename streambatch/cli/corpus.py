@@ -18,6 +18,8 @@ import os
 import shutil
 import subprocess
 import tempfile
+import wave
+from collections.abc import Callable
 
 import numpy as np
 
@@ -45,26 +47,60 @@ def pseudo_speech(seconds: float, sample_rate: int, rng: np.random.Generator) ->
 
 def espeak_speech(text: str, voice_speed: int) -> tuple[np.ndarray, int]:
     """(float32 audio, sample_rate) spoken by espeak-ng."""
-    import soundfile
+    from ..streaming.formats.audio import read_pcm_wav
 
     with tempfile.TemporaryDirectory() as d:
         path = os.path.join(d, "u.wav")
         subprocess.run(["espeak-ng", "-s", str(voice_speed), "-w", path, text], check=True,
                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        x, sr = soundfile.read(path, dtype="float32")
-    return x, sr
+        with open(path, "rb") as f:
+            x, sr = read_pcm_wav(f.read(), "wav")  # espeak-ng writes 16-bit PCM
+    return x[:, 0], sr
+
+
+def has_soundfile() -> bool:
+    """Is soundfile (the ``audio`` extra, needed to write FLAC) installed?"""
+    try:
+        import soundfile  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def encode(audio: np.ndarray, sample_rate: int, audio_format: str) -> bytes:
+    """(T,) float32 audio in [-1, 1] as a 16-bit ``wav`` (standard library) or ``flac`` (soundfile) file."""
+    buf = io.BytesIO()
+    if audio_format == "wav":
+        pcm = np.clip(np.round(audio * 32768.0), -32768, 32767).astype("<i2")
+        with wave.open(buf, "wb") as w:
+            w.setnchannels(1)
+            w.setsampwidth(2)
+            w.setframerate(sample_rate)
+            w.writeframes(pcm.tobytes())
+        return buf.getvalue()
+    try:
+        import soundfile
+    except ImportError:
+        from ..streaming.formats.audio import AUDIO_EXTRA
+
+        raise ImportError(f"writing {audio_format.upper()} needs soundfile: {AUDIO_EXTRA} "
+                          "(or write WAV, which needs nothing more)") from None
+    soundfile.write(buf, audio, sample_rate, format=audio_format.upper(), subtype="PCM_16")
+    return buf.getvalue()
 
 
 def make_shards(out_dir: str, n_shards: int = 8, samples_per_shard: int = 100, seed: int = 0, *,
                 sample_rate: int = 16000, audio_format: str = "flac", speech: str = "auto",
-                median_seconds: float = 4.0, prefix: str = "demo") -> list[str]:
+                median_seconds: float = 4.0, prefix: str = "demo",
+                progress: Callable[[int, int], None] | None = None) -> list[str]:
     """Write ``n_shards`` tar shards of ``samples_per_shard`` utterances each
     to ``out_dir/{prefix}-000000.tar`` ... and return their paths.
 
     speech: ``"auto"`` (espeak-ng if installed, else generated), ``"espeak"``
-    or ``"generated"``.
+    or ``"generated"``. audio_format: ``"flac"`` (needs soundfile, the ``audio``
+    extra) or ``"wav"`` (the standard library's ``wave``). progress: called
+    as ``progress(shards written, n_shards)`` after each shard.
     """
-    import soundfile
     import webdataset as wds
 
     from ..core.validation import check_int
@@ -86,7 +122,7 @@ def make_shards(out_dir: str, n_shards: int = 8, samples_per_shard: int = 100, s
     pattern = os.path.join(out_dir, f"{prefix}-%06d.tar")
     paths = [pattern % i for i in range(n_shards)]
     n = 0
-    for path in paths:
+    for done, path in enumerate(paths, 1):
         with wds.TarWriter(path, mtime=_MTIME) as sink:
             for seconds in durations(samples_per_shard, rng, median=median_seconds):
                 words = max(1, int(round(seconds * 2.5)))
@@ -96,11 +132,11 @@ def make_shards(out_dir: str, n_shards: int = 8, samples_per_shard: int = 100, s
                     audio, sr = espeak_speech(text, int(rng.integers(140, 190)))
                 else:
                     audio, sr = pseudo_speech(seconds, sample_rate, rng), sample_rate
-                buf = io.BytesIO()
-                soundfile.write(buf, audio, sr, format=audio_format.upper(), subtype="PCM_16")
                 meta = {"duration": round(audio.shape[0] / sr, 6), "text": text, "sample_rate": sr,
                         "speaker": speaker}
-                sink.write({"__key__": f"utt{n:09d}", audio_format: buf.getvalue(),
+                sink.write({"__key__": f"utt{n:09d}", audio_format: encode(audio, sr, audio_format),
                             "json": json.dumps(meta).encode()})
                 n += 1
+        if progress is not None:
+            progress(done, n_shards)
     return paths

@@ -37,8 +37,8 @@ def run_demo(args: argparse.Namespace) -> int:
           f"({t_budget / FPS:g} s of audio at {FPS} frames/s), at most {args.max_batch_size} per batch\n")
     out_dir = args.dir or tempfile.mkdtemp(prefix="streambatch-demo-")
     try:
-        paths, num_samples = _write_and_index(args, out_dir)
-        per_rank, keys, first, total_s, ds = _stream_every_rank(args, paths)
+        paths, num_samples, fmt = _write_and_index(args, out_dir)
+        per_rank, keys, first, total_s, ds = _stream_every_rank(args, paths, fmt)
         summary = ds.epoch_summary()
         rows = planner_rows(ds, args)
     finally:
@@ -63,16 +63,18 @@ def run_demo(args: argparse.Namespace) -> int:
     return 0 if len(steps) == 1 else 1
 
 
-def _write_and_index(args: argparse.Namespace, out_dir: str) -> tuple[list[str], int]:
-    """Steps 1 and 2: write the shards and their sidecars. Returns (shard paths, samples)."""
+def _write_and_index(args: argparse.Namespace, out_dir: str) -> tuple[list[str], int, str]:
+    """Steps 1 and 2: write the shards and their sidecars. Returns (shard paths, samples, audio format)."""
     from ..streaming import index_shards
-    from .corpus import make_shards
+    from .corpus import has_soundfile, make_shards
     from .report import audio_time
 
     t = time.perf_counter()
-    paths = make_shards(out_dir, args.shards, args.samples_per_shard, args.seed, speech=args.speech)
+    # FLAC with soundfile (the audio extra); WAV, which the base install writes and decodes, without it
+    fmt = "flac" if has_soundfile() else "wav"
+    paths = make_shards(out_dir, args.shards, args.samples_per_shard, args.seed, speech=args.speech, audio_format=fmt)
     size = sum(os.path.getsize(p) for p in paths)
-    print(f"[1/3] wrote {len(paths)} WebDataset shards ({size / 2**20:.1f} MiB of FLAC + JSON, "
+    print(f"[1/3] wrote {len(paths)} WebDataset shards ({size / 2**20:.1f} MiB of {fmt.upper()} + JSON, "
           f"{args.speech} speech) to {out_dir} in {time.perf_counter() - t:.1f} s")
     s = index_shards(paths, length_from="json:duration", frames_per_second=FPS,
                      workers=min(2, os.cpu_count() or 1), progress=False, force=True)
@@ -81,10 +83,10 @@ def _write_and_index(args: argparse.Namespace, out_dir: str) -> tuple[list[str],
           f"{audio_time(s.total_length / FPS)}; length (frames) min {p['min']}, median {p['p50']}, "
           f"p95 {p['p95']}, max {p['max']}")
     print(f"      sidecars: {scrub(os.path.basename(paths[0]))}.idx.npz ... (keys, lengths, byte offsets)")
-    return paths, s.samples
+    return paths, s.samples, fmt
 
 
-def _stream_every_rank(args: argparse.Namespace, paths: list[str]):
+def _stream_every_rank(args: argparse.Namespace, paths: list[str], fmt: str):
     """Step 3: each simulated rank streams its epoch through its own DataLoader.
 
     Returns (per-rank batch lengths, keys delivered, the first batch, seconds, the last rank's dataset).
@@ -93,7 +95,7 @@ def _stream_every_rank(args: argparse.Namespace, paths: list[str]):
 
     from ..streaming import StreamingBatches, collate_audio
 
-    print(f"[3/3] streaming with StreamingBatches -> DataLoader(num_workers={args.workers}), decoding FLAC "
+    print(f"[3/3] streaming with StreamingBatches -> DataLoader(num_workers={args.workers}), decoding {fmt.upper()} "
           "and padding each batch into a tensor\n")
     print("  rank  steps  samples  audio (min)  seconds  samples/s")
     per_rank: list[list[np.ndarray]] = []
@@ -186,8 +188,8 @@ def print_planner_rows(rows: list, streamed, args: argparse.Namespace, num_sampl
         print(f"    {name:<12} {q.steps:>6}  {q.padding_efficiency:>7.3f}  {q.balance_efficiency:>7.3f}  "
               f"{q.budget_use:>10.3f}{mark}")
     if any(name == "greedy" for name, _ in rows) and num_samples < 4096:
-        print("    (greedy, the seed's algorithm, shuffles within chunks of 512 length-sorted samples: on a corpus "
-              "this small\n     that mixes lengths almost at random; on large corpora it pads less)")
+        print("    (greedy, the seed sampler's algorithm, shuffles within chunks of 512 length-sorted samples: on a "
+              "corpus this small\n     that mixes lengths almost at random; on large corpora it pads less)")
 
 
 def add_parser(sub: Any, planners: list[str], recommended: str) -> None:

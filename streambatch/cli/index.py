@@ -50,6 +50,14 @@ def run_index(args: argparse.Namespace) -> int:
 
     shards = [u for text in args.shards for u in shard_list(text)]
     options = storage_options(args.storage_option) or None
+    if args.length_from is None and args.frames_per_second is None:
+        recorded = recorded_length_source(shards, args.index_dir, options)
+        if recorded is not None:  # re-indexing keeps the lengths the sidecars were made with
+            args.length_from, args.frames_per_second = recorded
+            print(f"lengths as the existing sidecars have them: --length-from {args.length_from}"
+                  + (f" --frames-per-second {args.frames_per_second:g}" if args.frames_per_second else "")
+                  + " (pass --length-from/--frames-per-second to change)", file=sys.stderr)
+    args.length_from = args.length_from or "json:duration"
     retry = RetryPolicy(timeout=args.timeout)
     catalog = False if args.no_catalog else (args.catalog or True)
     if args.merge:
@@ -58,10 +66,16 @@ def run_index(args: argparse.Namespace) -> int:
         print(f"merged {args.merge} parts: catalog of {meta['shards']:,} shards, {meta['samples']:,} samples")
         return 0
     part = parse_part(args.part) if args.part else torchrun_part()
-    s = index_shards(shards, length_from=args.length_from, frames_per_second=args.frames_per_second,
-                     index_dir=args.index_dir, workers=args.workers,
-                     progress=not args.no_progress and sys.stderr.isatty(), force=args.force,
-                     storage_options=options, part=part, catalog=catalog, retry=retry)
+    try:
+        s = index_shards(shards, length_from=args.length_from, frames_per_second=args.frames_per_second,
+                         index_dir=args.index_dir, workers=args.workers,
+                         progress=not args.no_progress and sys.stderr.isatty(), force=args.force,
+                         storage_options=options, part=part, catalog=catalog, retry=retry)
+    except ValueError as exc:
+        hint = rerun_hint(args, str(exc))
+        if hint is None:
+            raise
+        raise ValueError(f"{exc}; {hint}") from exc
     if part is not None and part[1] > 1 and not args.part and not args.no_catalog:
         _merge_under_torchrun(shards, part, args, options, retry)
     fps = args.frames_per_second
@@ -90,6 +104,54 @@ def run_index(args: argparse.Namespace) -> int:
     else:
         print(f"next: streambatch plan '{scrub(pattern)}'{flags} --max-batch-tokens 16000 --world-size 8")
     return 0
+
+
+def recorded_length_source(shards: list[str], index_dir: str | None, options: dict | None
+                           ) -> tuple[str, float | None] | None:
+    """(length_from, frames_per_second) recorded in the first shard's sidecar, if it has a readable one
+    made without a Python function; else None."""
+    from ..streaming.io.reader import expand_urls
+    from ..streaming.shards.sidecar import read_meta, sidecar_path
+
+    try:
+        first = expand_urls(shards)[0]
+        described = read_meta(sidecar_path(first, index_dir), options)["length_from"]
+    except Exception:  # no sidecar yet, or a broken one: nothing to keep
+        return None
+    if described.startswith("fn:"):
+        return None
+    source, _, rate = described.partition("*")
+    return source, float(rate[:-2]) if rate.endswith("/s") else None
+
+
+def rerun_hint(args: argparse.Namespace, message: str) -> str | None:
+    """The command to run instead, for the length-source errors that name a missing flag."""
+    from ..streaming.shards.hints import HINT_FPS
+
+    if "a fraction" in message and args.frames_per_second is None:
+        flags = {"--frames-per-second": str(HINT_FPS)}
+        why = f"durations in seconds become lengths of ceil(seconds x {HINT_FPS})"
+    elif "no .json member" in message and not args.length_from.startswith("audio"):
+        flags = {"--length-from": "audio", "--frames-per-second": str(args.frames_per_second or HINT_FPS)}
+        why = "lengths from the audio headers"
+    else:
+        return None
+    return f"run `{command_line(args, flags)}` ({why})"
+
+
+def command_line(args: argparse.Namespace, flags: dict[str, str]) -> str:
+    """``streambatch index`` with this run's shards and options, ``flags`` set on top."""
+    from ..streaming.shards.hints import quote
+
+    given = {"--length-from": args.length_from if args.length_from != "json:duration" else None,
+             "--frames-per-second": f"{args.frames_per_second:g}" if args.frames_per_second else None,
+             "--index-dir": args.index_dir, "--catalog": args.catalog}
+    given.update(flags)
+    words = ["streambatch", "index", *(quote(scrub(t)) for t in args.shards)]
+    words += [f"{k} {quote(v) if k in ('--index-dir', '--catalog') else v}" for k, v in given.items() if v]
+    words += [f"-s {quote(scrub(kv))}" for kv in args.storage_option]
+    words += [flag for flag, on in (("--force", args.force), ("--no-catalog", args.no_catalog)) if on]
+    return " ".join(words)
 
 
 def _merge_under_torchrun(shards, part, args, options, retry=None) -> None:
@@ -126,12 +188,13 @@ def add_parser(sub: Any) -> None:
         "  streambatch index 'hf://datasets/org/name/train-{0000..0099}.tar' --fps 50 --index-dir idx/\n"
         "  streambatch index SHARDS --part 3/16 ... ; then: streambatch index SHARDS --merge 16"))
     ix.add_argument("shards", nargs="+", metavar="SHARD",
-                    help="shard paths, brace patterns, URLs or directories of .tar shards")
-    ix.add_argument("--length-from", default="json:duration", metavar="SOURCE",
+                    help="shard paths, brace patterns, URLs or directories (every .tar shard under them)")
+    ix.add_argument("--length-from", default=None, metavar="SOURCE",
                     help="json:FIELD (a field of the .json member), audio (header of the first audio member) "
-                         "or audio:SUFFIX")
+                         "or audio:SUFFIX (default: as the existing sidecars say, else json:duration)")
     ix.add_argument("--frames-per-second", "--fps", type=positive_float, metavar="FPS",
-                    help="the value is seconds: length = ceil(seconds x this)")
+                    help="the value is seconds: length = ceil(seconds x this) (default: as the existing sidecars "
+                         "say, else none: the value is already a count)")
     ix.add_argument("--index-dir", metavar="DIR", help="write sidecars here, a local directory or a URL (default: "
                     "next to each shard, through fsspec for s3://, gs://, az://; for http(s):// and hf:// shards, "
                     "which take no uploads, $STREAMBATCH_INDEX_DIR or ~/.cache/streambatch/index; required for pipe:)")

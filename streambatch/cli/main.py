@@ -89,6 +89,7 @@ def main(argv: list[str] | None = None) -> int:
 # The library's messages name Python arguments; on the command line, say the flags.
 _FLAG_WORDS = (
     ("pass frames_per_second", "pass --frames-per-second"),
+    ("choose another length_from", "choose another --length-from"),
     (" (or streambatch.index_shards(...))", ""),
     (", or pass index_missing=True to index local shards on the fly", ""),
 )

@@ -49,7 +49,8 @@ def read_lengths(path: str, field: str | None = None, frames_per_second: float |
     path = os.fspath(path)
     fps = check_fps(frames_per_second, "frames per second")
     if os.path.isdir(path):
-        raise IsADirectoryError(f"{path} is a directory; pass a lengths file (.npy, text, .jsonl) or tar shards")
+        raise IsADirectoryError(f"{path} is a directory without .tar shards (its subdirectories included); pass a "
+                                "lengths file (.npy, text, .jsonl), shard paths or a directory of shards")
     with open(path, "rb") as raw:
         head = raw.read(2)
     if head == _GZIP_MAGIC:

@@ -30,15 +30,20 @@ def is_shards(text: str) -> bool:
     """Does an INPUT name WebDataset shards (rather than a lengths file)?"""
     if text.startswith("pipe:") or "://" in text or text.endswith(_SHARD_EXT) or _BRACES.search(text):
         return True
-    return os.path.isdir(text) and any(n.endswith(_SHARD_EXT) for n in os.listdir(text))
+    # a directory: the shards under it, if it holds any
+    return os.path.isdir(text) and any(n.endswith(_SHARD_EXT) for _, _, names in os.walk(text) for n in names)
 
 
 def shard_list(text: str) -> list[str]:
+    """The shards an INPUT names: a directory gives every .tar file under it (its
+    subdirectories too), in path order; anything else is one shard or pattern."""
     if os.path.isdir(text):
-        found = sorted(os.path.join(text, n) for n in os.listdir(text) if n.endswith(_SHARD_EXT))
+        found = sorted(os.path.join(folder, n) for folder, _, names in os.walk(text)
+                       for n in names if n.endswith(_SHARD_EXT))
         if not found:
-            raise ValueError(f"{text} is a directory without .tar shards; pass shard paths or a pattern "
-                             "like 'train-{000000..000099}.tar'")
+            raise ValueError(f"{text} is a directory without .tar shards (its subdirectories included); pass a "
+                             "lengths file (.npy, text, .jsonl), shard paths or a pattern like "
+                             "'train-{000000..000099}.tar'")
         return found
     return [text]
 
@@ -278,8 +283,9 @@ def add_parser(sub: Any, planners: list[str], seed_exact: str) -> None:
         "  lengths.txt          one length per line\n"
         "  cuts.jsonl.gz        JSON lines with a duration field (lhotse cuts: duration;\n"
         "                       VoxCPM-style: duration or audio_duration; others: --field)\n"
-        "  'train-{000000..000099}.tar', a shard directory, or *.tar\n"
-        "                       indexed WebDataset shards (see `streambatch index`)\n\n"
+        "  'train-{000000..000099}.tar', *.tar, or a directory\n"
+        "                       indexed WebDataset shards (see `streambatch index`); a directory\n"
+        "                       means every .tar shard under it, subdirectories included\n\n"
         "Lengths are in the units of --max-batch-tokens (frames, tokens); durations in seconds\n"
         "need --frames-per-second.\n\n"
         "--mix plans a weighted mix of several INPUTs instead (as DynamicBatchSampler.mixed and\n"
@@ -288,7 +294,8 @@ def add_parser(sub: Any, planners: list[str], seed_exact: str) -> None:
         "  streambatch plan cuts.jsonl.gz --frames-per-second 50 --max-batch-tokens 16000 \\\n"
         "      --world-size 8 --plot plan.png\n"
         "  streambatch plan --mix en.jsonl:0.6 zh.jsonl:0.3 inhouse.npy:0.1 --fps 50 -t 16000 -w 64"))
-    pl.add_argument("inputs", nargs="*", metavar="INPUT", help="lengths file(s), manifest(s) or indexed shards")
+    pl.add_argument("inputs", nargs="*", metavar="INPUT", help="lengths file(s), manifest(s), indexed shards or a "
+                    "directory of them")
     pl.add_argument("--mix", nargs="+", metavar="INPUT:WEIGHT", help="plan a weighted mix instead: each source an "
                     "INPUT with a weight (a.jsonl:0.6 b.npy:0.4) or a repeat factor (clean.npy:x3 big.npy:x1); "
                     "reports each source's realised share")

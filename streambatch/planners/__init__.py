@@ -21,6 +21,7 @@ from ..core.types import FlagLike, IntLike, LengthsLike, NumberLike
 from ..core.validation import coerce_lengths
 from .base import Option, PlanFunction, Planner, UnknownOptionError
 from .bucketed.plan import PLANNER as BUCKETED
+from .compile_notice import notice_if_cold
 from .greedy.plan import PLANNER as GREEDY
 
 __all__ = ["PLANNERS", "RECOMMENDED", "SEED_EXACT", "Option", "Planner", "PlanFunction", "UnknownOptionError",
@@ -83,5 +84,7 @@ def plan_epoch(lengths: np.ndarray, config: PlanConfig, epoch: int) -> Plan:
         lmax = int(lengths.max())
         cap = min(c.max_batch_size, lengths.size)  # a cap above N never binds
         p.cost_model(resolved).budget(lmax, c.max_batch_tokens, cap, c.world_size)
+    # one log line before a first compile, which takes a minute on a small machine
+    notice_if_cold(getattr(p.plan, "__module__", None) or "")
     return p.plan(lengths, c.max_batch_tokens, c.max_batch_size, c.world_size, c.shuffle, c.drop_last, c.seed, epoch,
                   **resolved)

@@ -102,8 +102,9 @@ def test_plan_bad_argument_and_unreadable_input(tmp_path):
 def test_index_then_plan_shards(shards, tmp_path, capsys):
     shards = Path(shutil.copytree(shards, tmp_path / "shards", ignore=shutil.ignore_patterns("*.idx.npz")))
     code = main(["plan", str(shards), "-t", "2000"])  # in process: the same path a user takes, without torch's import
+    # the hint names the flag these shards need (their json durations are seconds); tests/cli/test_hints.py runs it
     assert_one_line_error(code, capsys.readouterr().err, "no usable sidecar index",
-                          f"run `streambatch index '{shards}'` first")
+                          f"run `streambatch index --frames-per-second 50 '{shards}'` first")
     r = sb("index", f"{shards}/demo-{{000000..000002}}.tar", "--frames-per-second", "50", "--workers", "1")
     assert r.returncode == 0, r.stderr
     assert "3 shards: 3 indexed, 0 already current" in r.stdout

@@ -3,10 +3,18 @@ registered planner: a new planner gets the whole contract by being registered.
 
 ``check_contract(name)`` is the one check; each property is a hypothesis test
 over lengths, budgets, caps, world sizes, flags, seeds and epochs.
+
+A planner registered from your own code gets the same tests: name the modules
+that register it in ``STREAMBATCH_PLANNER_MODULES`` (comma-separated, importable,
+e.g. with ``PYTHONPATH=.``); they are imported before the tests are collected.
+
+    STREAMBATCH_PLANNER_MODULES=my_planner PYTHONPATH=. python -m pytest tests/planners/test_planner_contract.py
 """
 
 from __future__ import annotations
 
+import importlib
+import os
 import pickle
 from collections import Counter
 
@@ -20,6 +28,8 @@ from streambatch.planners import PLANNERS, Planner, UnknownOptionError, register
 
 from helpers import examples
 
+for _module in filter(None, (m.strip() for m in os.environ.get("STREAMBATCH_PLANNER_MODULES", "").split(","))):
+    importlib.import_module(_module)  # registers its planners, which the tests below are parametrized over
 NAMES = sorted(PLANNERS)
 # Every registered planner, and each that packs (``Planner.packs``) once more with its ``pack`` option on: the
 # packed budget rule (sum of lengths) is its own contract, checked by the same tests.

@@ -30,6 +30,9 @@ AUDIO_FORMATS: dict[str, str] = {
 AUDIO_EXTS = tuple(AUDIO_FORMATS)
 HEADER_EXTS = ("wav", "wave", "rf64", "flac")  # lengths parsed from the first bytes, by hand
 
+# What to install for audio beyond PCM WAV (soundfile, i.e. libsndfile).
+AUDIO_EXTRA = "pip install 'streambatch[audio]'"
+
 # Enough for a WAV header with a LIST/INFO chunk before ``data``.
 HEADER_BYTES = 64 * 1024
 
@@ -57,7 +60,7 @@ def soundfile_format(ext: str) -> str:
     try:
         readable = _readable_formats()
     except ImportError:
-        raise ValueError(f"reading .{ext} audio needs the soundfile package: pip install soundfile") from None
+        raise ValueError(f"reading .{ext} audio needs the soundfile package: {AUDIO_EXTRA}") from None
     fmt = AUDIO_FORMATS[ext]
     if fmt not in readable:
         import soundfile
@@ -207,12 +210,20 @@ def audio_info(data: bytes, ext: str, member_size: int) -> tuple[int, int]:
 
 def decode_audio(sample: dict[str, Any]) -> dict[str, Any]:
     """Decode a raw sample: audio members -> (float32 tensor (C, T), sample_rate),
-    ``json`` -> object, ``txt``/``text`` -> str; other members stay bytes."""
+    ``json`` -> object, ``txt``/``text`` -> str; other members stay bytes.
+
+    Audio is read by soundfile (the ``audio`` extra); without it, 8/16/32-bit PCM
+    WAV still decodes (the standard library's ``wave``), and any other audio raises
+    an ImportError naming the extra to install."""
     import json
 
     import numpy as np
-    import soundfile
     import torch
+
+    try:
+        import soundfile
+    except ImportError:
+        soundfile = None
 
     out = {}
     for k, v in sample.items():
@@ -221,7 +232,10 @@ def decode_audio(sample: dict[str, Any]) -> dict[str, Any]:
             continue
         ext = k.rsplit(".", 1)[-1]
         if audio_ext(k):
-            x, sr = soundfile.read(io.BytesIO(v), dtype="float32", always_2d=True)
+            if soundfile is not None:
+                x, sr = soundfile.read(io.BytesIO(v), dtype="float32", always_2d=True)
+            else:
+                x, sr = read_pcm_wav(v, k)
             out[k] = (torch.from_numpy(np.ascontiguousarray(x.T)), sr)
         elif ext == "json":
             out[k] = json.loads(v)
@@ -230,6 +244,33 @@ def decode_audio(sample: dict[str, Any]) -> dict[str, Any]:
         else:
             out[k] = v
     return out
+
+
+def read_pcm_wav(data: bytes, member: str):
+    """(float32 array (T, C), sample rate) of a PCM WAV file, scaled as soundfile
+    scales it (int16 / 2**15, ...), with the standard library alone."""
+    import wave
+
+    import numpy as np
+
+    if audio_ext(member) not in ("wav", "wave"):
+        raise ImportError(f"decoding .{member.rsplit('.', 1)[-1]} audio needs soundfile (only PCM WAV decodes "
+                          f"without it): {AUDIO_EXTRA}")
+    try:
+        with wave.open(io.BytesIO(data), "rb") as w:
+            width, channels, rate = w.getsampwidth(), w.getnchannels(), w.getframerate()
+            raw = w.readframes(w.getnframes())
+    except (wave.Error, EOFError) as exc:
+        raise ImportError(f"this .{member} member is not plain PCM WAV ({exc}); decoding it needs soundfile: "
+                          f"{AUDIO_EXTRA}") from None
+    if width == 1:  # 8-bit WAV is unsigned
+        x = (np.frombuffer(raw, np.uint8).astype(np.float32) - 128) / 128
+    elif width in (2, 4):
+        ints = np.frombuffer(raw, f"<i{width}")
+        x = ints.astype(np.float32) / float(2 ** (8 * width - 1))
+    else:
+        raise ImportError(f"{8 * width}-bit WAV needs soundfile to decode: {AUDIO_EXTRA}")
+    return x.reshape(-1, channels), rate
 
 
 def collate_audio(batch: list[dict[str, Any]]) -> dict[str, Any]:

@@ -32,9 +32,10 @@ from ..errors import ShardError
 from ..io.objects import is_remote
 from ..io.ranged import exists
 from ..io.retry import RetryPolicy
-from ..io.urls import expand_urls, is_local
+from ..io.urls import expand_urls, is_local, local_path
 from .catalog_file import is_catalog, read_catalog
 from .catalog_trust import TrustLike, check_trust
+from .hints import index_command
 from .identity import VERIFY_MODES, staleness
 from .indexer import index_shards
 from .lengths import length_spec
@@ -181,6 +182,7 @@ def open_urls(urls: list[str], *, index_dir: str | None = None, index_missing: b
               index_workers: IntLike | None = 1, url_hint: str | None = None, verify: str = "stat",
               storage_options: dict | None = None, retry: RetryPolicy | None = None) -> Catalog:
     """``open_catalog`` of an expanded list of shard URLs (``io/urls.expand_urls``), from their sidecars."""
+    _check_shards_exist(urls)
     paths = [sidecar_path(u, index_dir) for u in urls]
     dup = _first_duplicate(paths)
     if dup is not None:
@@ -246,13 +248,12 @@ def _first_duplicate(paths: list[str]) -> tuple[int, int] | None:
 def _missing_message(urls, bad, index_dir, index_missing, url_hint, spec) -> str:
     i, why = bad[0]
     target = url_hint if isinstance(url_hint, str) else (urls[i] if len(bad) == 1 else "SHARDS...")
-    opts = f" --index-dir {index_dir}" if index_dir else ""
-    if spec is not None:
-        opts += _spec_flags(spec)
     stale = any(w.startswith("stale") for _, w in bad)
-    cmd = f"streambatch index{' --force' if stale else ''}{opts} '{target}'"
+    cmd, note = index_command(target, force=stale, index_dir=index_dir, spec=spec, probe=urls[i])
     msg = (f"{len(bad)} of {len(urls)} shards have no usable sidecar index (first: {urls[i]}: {why}); "
            f"run `{cmd}` (or streambatch.index_shards(...)) first")
+    if note:
+        msg += f" ({note})"
     remote = [j for j, _ in bad if not is_local(urls[j])]
     if remote:
         msg += f"; {len(remote)} of them are not local files and must be indexed ahead of time"
@@ -261,12 +262,11 @@ def _missing_message(urls, bad, index_dir, index_missing, url_hint, spec) -> str
     return msg
 
 
-def _spec_flags(spec) -> str:
-    if spec.source == "fn":
-        return ""  # a Python function has no command-line spelling; index_shards takes it
-    if spec.source == "json":
-        src = "json:" + ".".join(spec.field)
-    else:
-        src = "audio" + (f":{spec.suffix}" if spec.suffix else "")
-    fps = f" --frames-per-second {spec.frames_per_second:g}" if spec.frames_per_second is not None else ""
-    return f" --length-from {src}{fps}"
+def _check_shards_exist(urls: list[str]) -> None:
+    """A local shard that is not there is "no such file", not a sidecar problem."""
+    gone = [u for u in urls if is_local(u) and not os.path.isfile(local_path(u))]
+    if gone:
+        what = "a directory, not a tar shard" if os.path.isdir(local_path(gone[0])) else "no such file"
+        raise FileNotFoundError(errno.ENOENT, scrub(
+            f"{what} ({len(gone)} of {len(urls)} shards are missing, this is the first; check the path or the "
+            "pattern: 'train-{000000..000099}.tar' names 100 shards)"), scrub(local_path(gone[0])))

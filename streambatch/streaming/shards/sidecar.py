@@ -157,8 +157,22 @@ def _umask() -> int:
 # ---------------------------------------------------------------- reading, validated
 
 
-def _bad(path: str, what: str, url: str | None = None) -> ShardError:
-    fix = f"`streambatch index --force {url}`" if url else "`streambatch index --force`"
+def _bad(path: str, what: str, url: str | None = None, length_from: str | None = None) -> ShardError:
+    """A broken sidecar, with the command that rewrites it: the shard's URL and, when the sidecar's meta
+    was readable, the length source it recorded (so the new sidecar holds the same lengths)."""
+    from .hints import described_flags, index_command, quote
+
+    beside = path[: -len(SIDECAR_SUFFIX)] if path.endswith(SIDECAR_SUFFIX) else None
+    if not url and beside and not is_remote(path) and os.path.isfile(beside):  # meta unreadable: the shard beside it
+        cmd, _ = index_command(beside, force=True, probe=beside)
+        return ShardError(f"sidecar {path}: {what}; re-index the shard with `{cmd}`")
+    if url:
+        # a sidecar kept away from its shard (index_dir): the command writes the new one there too
+        away = not is_remote(path) and os.path.abspath(path) != os.path.abspath(f"{url}{SIDECAR_SUFFIX}")
+        in_dir = f" --index-dir {quote(os.path.dirname(path) or '.')}" if away else ""
+        fix = f"`streambatch index --force{in_dir}{described_flags(length_from)} {quote(url)}`"
+    else:
+        fix = "`streambatch index --force` and the shard's path"
     return ShardError(f"sidecar {path}: {what}; re-index the shard with {fix}")
 
 
@@ -198,8 +212,10 @@ class SidecarFile:
     def close(self) -> None:
         self._fh.close()
 
-    def _url(self) -> str | None:
-        return getattr(self, "url", None)
+    def _where(self) -> tuple[str | None, str | None]:
+        """(shard URL, recorded length source) once the meta is read, for ``_bad``'s command."""
+        meta = getattr(self, "meta", None) or {}
+        return getattr(self, "url", None), meta.get("length_from")
 
     def _open(self, name: str, kinds: str, n: int | None, max_items: int | None = None):
         """Member ``name`` opened, with its npy header checked (dtype kind in
@@ -207,9 +223,9 @@ class SidecarFile:
         try:
             f = self._zip.open(name + ".npy")
         except KeyError:
-            raise _bad(self.path, f"it has no {name!r} array", self._url()) from None
+            raise _bad(self.path, f"it has no {name!r} array", *self._where()) from None
         except (zipfile.BadZipFile, ValueError, OSError, NotImplementedError) as exc:
-            raise _bad(self.path, f"cannot open its {name!r} member ({_one_line(exc)})", self._url()) from None
+            raise _bad(self.path, f"cannot open its {name!r} member ({_one_line(exc)})", *self._where()) from None
         try:
             try:
                 version = np.lib.format.read_magic(f)
@@ -219,13 +235,13 @@ class SidecarFile:
                 shape, _, dtype = read(f)
             except (ValueError, OSError, EOFError, zipfile.BadZipFile) as exc:
                 raise _bad(self.path, f"its {name!r} member is not a numpy array ({_one_line(exc)})",
-                           self._url()) from None
+                           *self._where()) from None
             if dtype.hasobject or dtype.kind not in kinds or (kinds == "S" and dtype.itemsize > _MAX_KEY):
                 want = {"S": "bytes", "u": "unsigned integers"}.get(kinds, "integers")
-                raise _bad(self.path, f"its {name!r} array has dtype {dtype}, expected {want}", self._url())
+                raise _bad(self.path, f"its {name!r} array has dtype {dtype}, expected {want}", *self._where())
             if len(shape) != 1 or (n is not None and shape[0] != n) or (max_items is not None and shape[0] > max_items):
                 expect = f"({n},) (the meta's sample count)" if n is not None else f"at most {max_items} items"
-                raise _bad(self.path, f"its {name!r} array has shape {shape}, expected {expect}", self._url())
+                raise _bad(self.path, f"its {name!r} array has shape {shape}, expected {expect}", *self._where())
         except BaseException:
             f.close()
             raise
@@ -238,9 +254,9 @@ class SidecarFile:
             try:
                 data = f.read(nbytes)  # zip reads grow with the data present, not with the header's claim
             except (zipfile.BadZipFile, ValueError, OSError, EOFError) as exc:
-                raise _bad(self.path, f"its {name!r} member is damaged ({_one_line(exc)})", self._url()) from None
+                raise _bad(self.path, f"its {name!r} member is damaged ({_one_line(exc)})", *self._where()) from None
         if len(data) != nbytes:
-            raise _bad(self.path, f"its {name!r} array is truncated ({len(data)} of {nbytes} bytes)", self._url())
+            raise _bad(self.path, f"its {name!r} array is truncated ({len(data)} of {nbytes} bytes)", *self._where())
         return np.frombuffer(data, dtype=dtype).copy()
 
     def lengths(self) -> np.ndarray:
@@ -250,7 +266,7 @@ class SidecarFile:
         if bad.size:
             i = int(bad[0])
             raise _bad(self.path, f"sample {self._key(i)} of shard {self.url} has length {lengths[i]}; lengths "
-                                  "must be integers in [0, 2**62)", self.url)
+                                  "must be integers in [0, 2**62)", *self._where())
         return lengths.astype(np.int64, copy=False)
 
     def table(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -265,7 +281,7 @@ class SidecarFile:
             if bad.size:
                 i = int(bad[0])
                 raise _bad(self.path, f"sample {_show_key(keys[i])} of shard {self.url} has {name} {arr[i]} bytes "
-                                      f"(expected >= {lo})", self.url)
+                                      f"(expected >= {lo})", *self._where())
         offsets, sizes = offsets.astype(np.int64, copy=False), sizes.astype(np.int64, copy=False)
         ends = offsets + sizes
         bad = np.flatnonzero(offsets[1:] < ends[:-1])
@@ -273,7 +289,7 @@ class SidecarFile:
             i = int(bad[0])
             raise _bad(self.path, f"sample {_show_key(keys[i])} of shard {self.url} at byte {offsets[i]} spans "
                                   f"{sizes[i]} bytes, past the next sample {_show_key(keys[i + 1])} at byte "
-                                  f"{offsets[i + 1]}", self.url)
+                                  f"{offsets[i + 1]}", *self._where())
         # A last sample past the end of the file is left to the reader: it
         # checks each sample against the file before reading, so only that
         # sample fails (or is skipped), as for a shard truncated after indexing.
