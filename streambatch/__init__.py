@@ -22,6 +22,7 @@ _LAZY = {
     "CacheError": ".streaming",
     "collate_audio": ".streaming",
     "collate_packed": ".streaming.formats.packed",
+    "RetryPolicy": ".streaming",
     "decode_audio": ".streaming",
     "GlobalBatchSampler": ".integrations.accelerate",
     "seconds_to_frames": ".core.units",

@@ -110,7 +110,7 @@ def recorded_length_source(shards: list[str], index_dir: str | None, options: di
                            ) -> tuple[str, float | None] | None:
     """(length_from, frames_per_second) recorded in the first shard's sidecar, if it has a readable one
     made without a Python function; else None."""
-    from ..streaming.io.reader import expand_urls
+    from ..streaming.io.urls import expand_urls
     from ..streaming.shards.sidecar import read_meta, sidecar_path
 
     try:

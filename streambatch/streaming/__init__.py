@@ -11,6 +11,8 @@ from .dataset import StreamingBatches
 from .epoch.windows import EpochSummary
 from .errors import CacheError, ShardError
 from .formats.audio import collate_audio, decode_audio
+from .formats.packed import collate_packed
+from .io.retry import RetryPolicy
 from .io.urls import expand_urls
 from .shards.catalog import Catalog, open_catalog
 from .shards.indexer import IndexSummary, index_shards
@@ -21,5 +23,5 @@ from .shards.sources import Source
 __all__ = [
     "StreamingBatches", "index_shards", "IndexSummary", "LengthSpec", "length_spec", "sidecar_path",
     "ShardError", "CacheError", "EpochSummary", "Catalog", "open_catalog", "expand_urls", "collate_audio",
-    "decode_audio", "Source",
+    "decode_audio", "Source", "collate_packed", "RetryPolicy",
 ]

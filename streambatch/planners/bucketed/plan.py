@@ -47,11 +47,13 @@ from typing import Any
 
 import numpy as np
 
+from ...core import compile_once as once  # called as once.compile_once: tests swap it
 from ...core.cost import INT64_MAX, CostModel, resolve_cost
 from ...core.plan import Plan, assemble, finish_last_step
 from ...core.validation import check_flag
 from ..base import Option, Planner
 from ..greedy.plan import index_dtype
+from ..packed.plan import plan_packed
 
 DEFAULT_BUCKET_WIDTH = 0.02
 MIN_BUCKET_WIDTH = 0.001  # keeps the bucket count (~ ln(max_len) / width) in the tens of thousands
@@ -166,12 +168,8 @@ def plan_bucketed(lengths: np.ndarray, max_batch_tokens: int, max_batch_size: in
     batches; with ``drop_last`` the tail that cannot complete a step is left
     out and returned as ``leftover``.
     """
-    from ...core.compile_once import compile_once
-
     width, cost, max_step_cost = check_options(options)
     if options.get("pack"):
-        from ..packed.plan import plan_packed
-
         return plan_packed(lengths, max_batch_tokens, max_batch_size, world_size, shuffle, drop_last, seed, epoch,
                            width, cost, max_step_cost)
 
@@ -195,7 +193,7 @@ def plan_bucketed(lengths: np.ndarray, max_batch_tokens: int, max_batch_size: in
     len_dtype = np.int16 if lmax < 2**15 else np.int32 if lmax < 2**31 else np.int64
     # The kernels this plan calls, compiled once per node (or loaded) on a tiny
     # input with the same argument types: see ``core/compile_once.py``.
-    compile_once("bucketed", (np.dtype(dtype).name, np.dtype(len_dtype).name, shuffle),
+    once.compile_once("bucketed", (np.dtype(dtype).name, np.dtype(len_dtype).name, shuffle),
                  lambda: _lay_out(np.arange(1, 41, dtype=np.int64), 40, 400, 8, 2, (1, 0), True, INT64_MAX, shuffle,
                                   False, plan_key(0, 0), DEFAULT_BUCKET_WIDTH, dtype, len_dtype))
     # A per-step cost (a measured step model's c0) makes needless steps cost time: no head steps of long

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ...core import compile_once as once  # called as once.compile_once: tests swap it
 from ...core.cost import clamp_budget
 from ...core.plan import Plan, assemble, finish_last_step
 from ..base import Planner
@@ -31,12 +32,11 @@ def plan_greedy(lengths: np.ndarray, max_batch_tokens: int, max_batch_size: int,
     lengths: (N,) int64 >= 0. Returns a Plan whose steps all have W non-empty
     batches.
     """
-    from ...core.compile_once import compile_once
 
     dtype = index_dtype(lengths.shape[0])
     # The kernels this plan calls, compiled once per node (or loaded) on a tiny
     # input with the same argument types: see ``core/compile_once.py``.
-    compile_once("greedy", (np.dtype(dtype).name, shuffle),
+    once.compile_once("greedy", (np.dtype(dtype).name, shuffle),
                  lambda: _plan(np.arange(1, 41, dtype=np.int64), 400, 8, 2, shuffle, False, 0, dtype))
     return _plan(lengths, max_batch_tokens, max_batch_size, world_size, shuffle, drop_last, seed + epoch, dtype)
 

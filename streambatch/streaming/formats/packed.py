@@ -9,6 +9,8 @@ within ``max_batch_tokens``::
     DataLoader(ds, batch_sampler=DynamicBatchSampler(lengths, 16_000, planner="bucketed", pack=True),
                collate_fn=collate_packed)
     StreamingBatches(urls, 16_000, pack=True, decode="audio", collate_fn=collate_packed)
+
+Stream: a batch of samples -> one packed batch dict (tensors end to end, ``cu_seqlens``, ``position_ids``).
 """
 
 from __future__ import annotations

@@ -18,7 +18,7 @@ import shlex
 import tarfile
 
 from ..formats.audio import audio_ext
-from ..io.reader import is_local, local_path
+from ..io.urls import is_local, local_path
 
 # The frame rate a hint proposes for durations in seconds: 20 ms frames, common for speech models. The message
 # says it is a choice: lengths are ceil(seconds x fps) in the units of max_batch_tokens.

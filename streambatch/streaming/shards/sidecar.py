@@ -45,6 +45,7 @@ from ..errors import ShardError
 from ..io.objects import is_remote, protocol
 from ..io.ranged import npz_bytes, read_npz_bytes, write_bytes
 from ..io.urls import is_local, local_path, url_basename
+from .hints import described_flags, index_command, quote
 
 # re-exported: the shard identity checks lived here before shard_identity.py
 from .identity import VERIFY_MODES as VERIFY_MODES
@@ -160,7 +161,6 @@ def _umask() -> int:
 def _bad(path: str, what: str, url: str | None = None, length_from: str | None = None) -> ShardError:
     """A broken sidecar, with the command that rewrites it: the shard's URL and, when the sidecar's meta
     was readable, the length source it recorded (so the new sidecar holds the same lengths)."""
-    from .hints import described_flags, index_command, quote
 
     beside = path[: -len(SIDECAR_SUFFIX)] if path.endswith(SIDECAR_SUFFIX) else None
     if not url and beside and not is_remote(path) and os.path.isfile(beside):  # meta unreadable: the shard beside it
