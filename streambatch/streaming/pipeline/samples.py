@@ -81,6 +81,8 @@ def _decode(fn: Decoder, item: tuple[Raw, dict[str, Any]] | ShardError) -> tuple
     raw, sample = item
     try:
         out = fn(sample)
+    except ImportError:
+        raise  # a missing package (e.g. soundfile: the audio extra) is the machine's, never one sample's to skip
     except Exception as exc:
         err = ShardError(f"decoding sample {raw.key!r} of shard {raw.url} (byte {raw.offset}) failed: {exc!r}")
         err.__cause__, err.__suppress_context__ = exc, True  # as `raise ... from exc` where it is raised

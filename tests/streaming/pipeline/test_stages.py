@@ -330,3 +330,16 @@ def test_the_last_stages_move_the_position_and_scrub_errors():
         for x in watched(failing(), None, 0, 1):
             got.append(x)
     assert got == [1] and "hunter2" not in str(info.value)  # scrubbed before it leaves the pass
+
+
+def test_a_missing_package_is_raised_even_with_on_error_skip(corpus):
+    # Skipping would drop every sample of the epoch with a warning each, when the fix is one pip install.
+    catalog, _ = opened(corpus)
+    good = _raw(corpus, catalog, 0, 0)
+
+    def needs_soundfile(sample):
+        raise ImportError("decoding .flac audio needs soundfile: pip install 'streambatch[audio]'")
+
+    steps = stages.decode(stages.parse(iter([Step(0, iter([good, good]))])), needs_soundfile)
+    with pytest.raises(ImportError, match="streambatch\\[audio\\]"):
+        list(stages.keep_read(steps, "skip", lambda: 0))
