@@ -27,6 +27,7 @@ rank."""
 from __future__ import annotations
 
 import os
+import threading
 import time
 import uuid
 from collections.abc import Iterable, Iterator
@@ -58,6 +59,10 @@ class FailureChannel:
     # that prefetched to the end of its pass delays a job stopping mid-epoch
     # (torchdata's StatefulDataLoader waits for its workers on shutdown).
     wait: float = 60.0
+    # Opening a client waits at most this long. A forked DataLoader worker of rank 0 inherits the listening
+    # socket of rank 0's store server; once rank 0's group is gone the kernel still accepts a connection on
+    # that socket and nobody answers, and TCPStore's own timeout does not cover that (seen on torch 2.13).
+    connect_timeout: float = 15.0
     _store: Any = field(default=None, repr=False, compare=False)
     _pid: int = field(default=0, repr=False, compare=False)
     _off: bool = field(default=False, repr=False, compare=False)  # the store went away (``_lost``)
@@ -67,10 +72,7 @@ class FailureChannel:
 
     def _client(self) -> Any:
         if self._store is None or self._pid != os.getpid():  # a forked worker opens its own connection
-            import torch.distributed as dist
-
-            self._store = dist.TCPStore(self.host, self.port, is_master=False, wait_for_workers=False,
-                                        timeout=timedelta(seconds=10))
+            self._store = _connect(self.host, self.port, self.connect_timeout)
             self._pid = os.getpid()
         return self._store
 
@@ -140,6 +142,31 @@ class FailureChannel:
                 return
             time.sleep(pause)
             pause = min(pause * 2, 0.2)
+
+
+def _connect(host: str, port: int, timeout: float) -> Any:
+    """A TCPStore client of the store at host:port, or TimeoutError after ``timeout`` seconds. The
+    connection is made in a daemon thread: a connect that never returns (see ``connect_timeout``) is
+    left behind in it rather than hanging this process."""
+    import torch.distributed as dist
+
+    box: dict[str, Any] = {}
+
+    def connect() -> None:
+        try:
+            box["store"] = dist.TCPStore(host, port, is_master=False, wait_for_workers=False,
+                                         timeout=timedelta(seconds=10))
+        except BaseException as exc:  # handed to the caller's thread
+            box["error"] = exc
+
+    t = threading.Thread(target=connect, name="streambatch-store-connect", daemon=True)
+    t.start()
+    t.join(timeout)
+    if t.is_alive():
+        raise TimeoutError(f"no answer from the torch.distributed store at {host}:{port} within {timeout:g} s")
+    if "error" in box:
+        raise box["error"]
+    return box["store"]
 
 
 def watched(items: Iterable[Any], channel: FailureChannel | None, epoch: int, passes: int) -> Iterator[Any]:

@@ -122,3 +122,35 @@ def test_clean_epochs_end_and_keys_are_per_epoch(corpus, store):
     with pytest.raises(ShardError, match="rank 1 failed.*x.tar at byte 7"):
         next(iter(a))
     assert pickle.loads(pickle.dumps(a._failures))._store is None  # no socket travels to a worker
+
+
+def _forked_check(port, out):
+    import time
+
+    time.sleep(1.0)  # the parent has dropped its store server by now; this process still holds its socket
+    channel = FailureChannel("127.0.0.1", port, "t", 1, 2, connect_timeout=2.0)
+    start = time.monotonic()
+    channel.check(0)  # no failure heard, no hang: the store is gone
+    out.put((channel._off, time.monotonic() - start))
+
+
+@pytest.mark.slow  # a forked process and a 2 s connect bound
+def test_a_forked_worker_does_not_hang_on_a_store_that_is_gone():
+    # Rank 0's forked DataLoader workers inherit its store server's listening socket; after rank 0's group
+    # is destroyed a connection to it is accepted by the kernel and never answered (TCPStore's own timeout
+    # did not end it: > 40 s measured). The channel gives up after connect_timeout and stops listening.
+    import multiprocessing as mp
+
+    master = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    ctx = mp.get_context("fork")
+    out = ctx.Queue()
+    p = ctx.Process(target=_forked_check, args=(master.port, out))
+    p.start()
+    del master
+    p.join(60)
+    hung = p.is_alive()
+    if hung:
+        p.kill()
+    assert not hung, "the forked process hung connecting to a store that is gone"
+    off, seconds = out.get(timeout=5)
+    assert off and seconds < 10
