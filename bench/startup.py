@@ -83,6 +83,8 @@ def total(a):
 _FLOOR = r"""
 import json, sys, time
 import numpy as np
+from streambatch import make_plan  # noqa: F401 (the same modules loaded as in _PLAN before its clock starts)
+from streambatch.cli.timing import audio_lengths  # noqa: F401
 c0 = time.process_time()
 sys.path.insert(0, sys.argv[1])
 import sb_floor_kernel
@@ -159,6 +161,15 @@ def plan_table(pairs: int, n: int, planners: list[str], old: str | None, warmup:
         for planner in planners:
             rows: dict[tuple[str, str], list[tuple[float, float, float]]] = {}
             for i in range(pairs):
+                if planner == planners[0]:  # Numba's own floor, in the same pairs
+                    folder = os.path.join(tmp, "floor")
+                    os.makedirs(folder, exist_ok=True)
+                    with open(os.path.join(folder, "sb_floor_kernel.py"), "w") as f:
+                        f.write(_FLOOR_KERNEL)
+                    for kind in ("cold", "warm"):
+                        whole, out = child_cpu(["-c", _FLOOR, folder], {"NUMBA_CACHE_DIR": os.path.join(tmp, f"fl{i}")})
+                        first = json.loads(out.strip().splitlines()[-1])["first"]
+                        rows.setdefault(("floor", kind), []).append((whole, first, 0.0))
                 for tag, root in sides:
                     cache = os.path.join(tmp, f"{planner}-{i}{tag.strip(' ()')}")
                     for kind in ("cold", "warm"):
@@ -169,17 +180,6 @@ def plan_table(pairs: int, n: int, planners: list[str], old: str | None, warmup:
                     whole_w, _ = child_cpu(["-m", "streambatch.cli", "warmup"], {"NUMBA_CACHE_DIR": warmed}, root=root)
                     rows.setdefault((tag, "after warmup"), []).append(_first_plan(planner, n, warmed, root))
                     rows.setdefault((tag, "warmup itself"), []).append((whole_w, float("nan"), float("nan")))
-            if planner == planners[-1]:  # once: Numba's floor (the same for both checkouts)
-                folder = os.path.join(tmp, "floor")
-                os.makedirs(folder, exist_ok=True)
-                with open(os.path.join(folder, "sb_floor_kernel.py"), "w") as f:
-                    f.write(_FLOOR_KERNEL)
-                for i in range(pairs):
-                    cache = os.path.join(tmp, f"floor-{i}")
-                    for kind in ("cold", "warm"):
-                        whole, out = child_cpu(["-c", _FLOOR, folder], {"NUMBA_CACHE_DIR": cache})
-                        first = json.loads(out.strip().splitlines()[-1])["first"]
-                        rows.setdefault(("floor", kind), []).append((whole, first, 0.0))
             for (tag, kind), rs in rows.items():
                 whole, first, second = (statistics.median(x) for x in zip(*rs))
                 if tag == "floor":
