@@ -157,6 +157,7 @@ def plan_table(pairs: int, n: int, planners: list[str], old: str | None, warmup:
     print("| planner | checkout | cache | whole process | first plan | of which compile+load | run (second plan) "
           "| runs (first plan) |")
     print("|---|---|---|---|---|---|---|---|")
+    ratio_rows: list[str] = []
     with tempfile.TemporaryDirectory() as tmp:
         for planner in planners:
             rows: dict[tuple[str, str], list[tuple[float, float, float]]] = {}
@@ -193,6 +194,16 @@ def plan_table(pairs: int, n: int, planners: list[str], old: str | None, warmup:
                 runs = ", ".join(f"{r[1]:.2f}" for r in rs)
                 print(f"| {planner} | {side} | {kind} | {whole:.2f} | {first:.2f} | {first - second:.2f} | "
                       f"{second:.2f} | {runs} |", flush=True)
+            if old:  # each pair's ratio: both sides of a pair ran back to back, under about the same load
+                for kind in ("cold", "warm", "after warmup"):
+                    if ("", kind) in rows and (" (old)", kind) in rows:
+                        ratios = [a[1] / b[1] for a, b in zip(rows[("", kind)], rows[(" (old)", kind)])]
+                        ratio_rows.append(f"| {planner} | {kind} | {statistics.median(ratios):.2f} | "
+                                          f"{', '.join(f'{r:.2f}' for r in ratios)} |")
+    if ratio_rows:
+        print("\n| planner | cache | first plan, this / old (median of the pairs' ratios) | pairs |")
+        print("|---|---|---|---|")
+        print("\n".join(ratio_rows))
     print()
 
 
