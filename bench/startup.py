@@ -69,24 +69,16 @@ print(json.dumps({"first": c1 - c0, "second": c2 - c1, "fingerprint": a.fingerpr
 """
 
 
-# Numba's own floor for a warm first call: import numba and load one trivial cached kernel.
-_FLOOR_KERNEL = """from numba import njit
-
-
-@njit(cache=True)
-def total(a):
-    s = 0
-    for i in range(a.shape[0]):
-        s += a[i]
-    return s
-"""
+# Numba's own floor for a warm first call: import numba and load one small cached kernel (hash_array),
+# after the same imports as _PLAN.
 _FLOOR = r"""
 import json, sys, time
 import numpy as np
+from streambatch import make_plan  # noqa: F401
+from streambatch.cli.timing import audio_lengths  # noqa: F401
 c0 = time.process_time()
-sys.path.insert(0, sys.argv[1])
-import sb_floor_kernel
-sb_floor_kernel.total(np.arange(10))
+from streambatch.core.hashing import hash_array
+hash_array(np.arange(10), np.int64(1))
 print(json.dumps({"first": time.process_time() - c0}))
 """
 
@@ -155,10 +147,16 @@ def plan_table(pairs: int, n: int, planners: list[str], old: str | None, warmup:
     print("| planner | checkout | cache | whole process | first plan | of which compile+load | run (second plan) "
           "| runs (first plan) |")
     print("|---|---|---|---|---|---|---|---|")
+    ratio_rows: list[str] = []
     with tempfile.TemporaryDirectory() as tmp:
         for planner in planners:
             rows: dict[tuple[str, str], list[tuple[float, float, float]]] = {}
             for i in range(pairs):
+                if planner == planners[0]:  # Numba's own floor, in the same pairs
+                    for kind in ("cold", "warm"):
+                        whole, out = child_cpu(["-c", _FLOOR], {"NUMBA_CACHE_DIR": os.path.join(tmp, f"fl{i}")})
+                        first = json.loads(out.strip().splitlines()[-1])["first"]
+                        rows.setdefault(("floor", kind), []).append((whole, first, 0.0))
                 for tag, root in sides:
                     cache = os.path.join(tmp, f"{planner}-{i}{tag.strip(' ()')}")
                     for kind in ("cold", "warm"):
@@ -169,21 +167,10 @@ def plan_table(pairs: int, n: int, planners: list[str], old: str | None, warmup:
                     whole_w, _ = child_cpu(["-m", "streambatch.cli", "warmup"], {"NUMBA_CACHE_DIR": warmed}, root=root)
                     rows.setdefault((tag, "after warmup"), []).append(_first_plan(planner, n, warmed, root))
                     rows.setdefault((tag, "warmup itself"), []).append((whole_w, float("nan"), float("nan")))
-            if planner == planners[-1]:  # once: Numba's floor (the same for both checkouts)
-                folder = os.path.join(tmp, "floor")
-                os.makedirs(folder, exist_ok=True)
-                with open(os.path.join(folder, "sb_floor_kernel.py"), "w") as f:
-                    f.write(_FLOOR_KERNEL)
-                for i in range(pairs):
-                    cache = os.path.join(tmp, f"floor-{i}")
-                    for kind in ("cold", "warm"):
-                        whole, out = child_cpu(["-c", _FLOOR, folder], {"NUMBA_CACHE_DIR": cache})
-                        first = json.loads(out.strip().splitlines()[-1])["first"]
-                        rows.setdefault(("floor", kind), []).append((whole, first, 0.0))
             for (tag, kind), rs in rows.items():
                 whole, first, second = (statistics.median(x) for x in zip(*rs))
                 if tag == "floor":
-                    print(f"| Numba's floor: `import numba` + one trivial cached kernel | - | {kind} | {whole:.2f} | "
+                    print(f"| Numba's floor: `import numba` + one small cached kernel | - | {kind} | {whole:.2f} | "
                           f"{first:.2f} | - | - | {', '.join(f'{r[1]:.2f}' for r in rs)} |", flush=True)
                     continue
                 side = "old" if tag == " (old)" else "this"
@@ -193,6 +180,16 @@ def plan_table(pairs: int, n: int, planners: list[str], old: str | None, warmup:
                 runs = ", ".join(f"{r[1]:.2f}" for r in rs)
                 print(f"| {planner} | {side} | {kind} | {whole:.2f} | {first:.2f} | {first - second:.2f} | "
                       f"{second:.2f} | {runs} |", flush=True)
+            if old:  # each pair's ratio: both sides of a pair ran back to back, under about the same load
+                for kind in ("cold", "warm", "after warmup"):
+                    if ("", kind) in rows and (" (old)", kind) in rows:
+                        ratios = [a[1] / b[1] for a, b in zip(rows[("", kind)], rows[(" (old)", kind)])]
+                        ratio_rows.append(f"| {planner} | {kind} | {statistics.median(ratios):.2f} | "
+                                          f"{', '.join(f'{r:.2f}' for r in ratios)} |")
+    if ratio_rows:
+        print("\n| planner | cache | first plan, this / old (median of the pairs' ratios) | pairs |")
+        print("|---|---|---|---|")
+        print("\n".join(ratio_rows))
     print()
 
 

@@ -64,7 +64,8 @@ def compile_once(group: str, key: Hashable, warm: Callable[[], object]) -> None:
 def _warm_locked(group: str, warm: Callable[[], object]) -> None:
     try:
         os.makedirs(lock_dir(), exist_ok=True)
-        fd = os.open(os.path.join(lock_dir(), f"streambatch-{group}.lock"), os.O_RDWR | os.O_CREAT, 0o666)
+        # read-only suffices for flock: another user's lock file (in a shared cache) still locks
+        fd = os.open(os.path.join(lock_dir(), f"streambatch-{group}.lock"), os.O_RDONLY | os.O_CREAT, 0o666)
     except OSError:  # a read-only folder: no lock, compile as without it
         warm()
         return

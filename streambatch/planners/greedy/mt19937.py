@@ -100,8 +100,8 @@ def _bit_length(n):
     return k
 
 
-@njit(cache=True, no_cfunc_wrapper=True, error_model="numpy")
-def shuffle_slice(mt, x, lo, hi):
+@_helper
+def _shuffle_slice(mt, x, lo, hi):
     """``random.shuffle(x[lo:hi])`` in place, consuming the same stream.
 
     Kernels call it with int64 lo and hi (``np.int64(0)``, not a literal 0:
@@ -120,6 +120,13 @@ def shuffle_slice(mt, x, lo, hi):
         t = x[lo + i]
         x[lo + i] = x[lo + r]
         x[lo + r] = t
+
+
+@njit(cache=True, no_cfunc_wrapper=True, error_model="numpy")
+def shuffle_slice(mt, x, lo, hi):
+    """``_shuffle_slice`` callable from Python (the greedy planner's step
+    order; kernels call the helper, which has no wrapper to compile)."""
+    _shuffle_slice(mt, x, np.int64(lo), np.int64(hi))
 
 
 # Python-callable wrappers of the helpers, for the tests (compiled only when

@@ -7,7 +7,7 @@ import numpy as np
 from numba import njit
 
 from ..bucketed.common import _helper, _zeros
-from .mt19937 import shuffle_slice
+from .mt19937 import _shuffle_slice
 
 _DIGIT_BITS = 11  # 2,048 buckets: the histogram stays in L1 cache
 _RADIX = 1 << _DIGIT_BITS
@@ -77,7 +77,7 @@ def sortish_order(lengths, chunk_size, mt, out, tmp, perm):
 
     lengths: (n,) int64. mt: MT19937 state, advanced. out, tmp: (>= n,)
     integer scratch. perm: (>= ceil(n / chunk_size),) scratch of the same
-    dtype as tmp (from the caller: ``shuffle_slice`` then compiles for one
+    dtype as tmp (from the caller: ``_shuffle_slice`` then compiles for one
     array type, not two). The order lands in ``out[:n]``; ``tmp`` is clobbered.
     """
     n = lengths.shape[0]
@@ -85,10 +85,10 @@ def sortish_order(lengths, chunk_size, mt, out, tmp, perm):
     n_chunks = (n + chunk_size - 1) // chunk_size
     for c in range(n_chunks):
         hi = (c + 1) * chunk_size
-        shuffle_slice(mt, tmp, c * chunk_size, hi if hi < n else n)
+        _shuffle_slice(mt, tmp, c * chunk_size, hi if hi < n else n)
     for c in range(n_chunks):
         perm[c] = c
-    shuffle_slice(mt, perm, np.int64(0), n_chunks)
+    _shuffle_slice(mt, perm, np.int64(0), n_chunks)
     pos = 0
     for c in range(n_chunks):
         lo = perm[c] * chunk_size
