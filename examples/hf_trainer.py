@@ -59,6 +59,9 @@ def main() -> None:
     if trainer.is_world_process_zero():
         print(f"trained {result.global_step} optimizer steps of {trainer.train_batches.steps} batches per epoch"
               + (f", resumed from {last}" if last else ""))
+    if torch.distributed.is_initialized():  # a clean exit: gloo aborts a process that exits with its group alive
+        torch.distributed.barrier()
+        torch.distributed.destroy_process_group()
 
 
 if __name__ == "__main__":

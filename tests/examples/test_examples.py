@@ -146,3 +146,12 @@ def test_elastic_resume_three_to_two_ranks_trains_every_sample_once(tmp_path, st
     n = 320 if streaming else 2000
     assert len(trained) == n  # every sample trained ...
     assert sum(trained.values()) - n <= (3 - 1) + (2 - 1)  # ... once, but for each world's final-step padding
+
+
+def test_packed_batches_map_style_and_streaming(tmp_path):
+    out = run(tmp_path, "packed.py", "--dir", "shards")
+    assert "SDPA with a block-diagonal mask: equal to per-clip attention" in out
+    assert "none of them padding" in out and "streaming: " in out and "320 clips" in out
+    out = run(tmp_path, "packed.py", "--dir", "shards2", procs=2)
+    maps = sorted(line.split("map-style: ")[1] for line in out.splitlines() if "map-style: " in line)
+    assert len(maps) == 2 and maps[0].split(" packed")[0] == maps[1].split(" packed")[0]  # equal steps per rank
