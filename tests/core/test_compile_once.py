@@ -99,6 +99,7 @@ KERNELS = {
     "streambatch.planners.greedy.order": ["sortish_order"],
     "streambatch.planners.greedy.mt19937": ["shuffle_slice"],
     "streambatch.planners.bucketed.kernels": ["bucket_sort", "plan_steps", "step_permutation"],
+    "streambatch.planners.packed.kernels": ["pack_steps"],
 }
 
 
@@ -111,7 +112,7 @@ def _lengths(n, lmax, seed=0):
 
 @pytest.mark.parametrize("planner,options", [
     ("greedy", {}), ("bucketed", {}), ("bucketed", {"cost": "linear", "max_step_cost": 5e4}),
-    ("bucketed", {"cost": CostModel.step(0.05, 2e-7, 1e-10)}),
+    ("bucketed", {"cost": CostModel.step(0.05, 2e-7, 1e-10)}), ("bucketed", {"pack": True}),
 ])
 @pytest.mark.parametrize("lmax", [2000, 40_000])
 @pytest.mark.parametrize("shuffle", [True, False])

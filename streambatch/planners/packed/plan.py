@@ -29,7 +29,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ...core.cost import CostModel
+from ...core import compile_once as once  # called as once.compile_once: tests swap it
+from ...core.cost import INT64_MAX, CostModel
 from ...core.plan import Plan, assemble, finish_last_step
 from ..greedy.plan import index_dtype
 
@@ -90,6 +91,9 @@ def plan_packed(lengths: np.ndarray, max_batch_tokens: int, max_batch_size: int,
         keys *= 1.0 + width * rng.random(n)
     order = np.argsort(keys, kind="stable")
     ca, cb = cost.coefficients
+    # compiled once per node (or loaded) on a tiny input of the same argument types: core/compile_once.py
+    once.compile_once("packed", (), lambda: pack_steps(np.arange(1, 9, dtype=np.int64), np.arange(1.0, 9.0), 2, 16,
+                                                        4, 1, 0, INT64_MAX, np.empty(8, dtype=np.int64)))
     pos = np.empty(n, dtype=np.int64)
     counts, k, complete = pack_steps(np.ascontiguousarray(lengths[order]), np.ascontiguousarray(keys[order]), w,
                                      tokens, cap, ca, cb, max_cost, pos)
