@@ -16,7 +16,8 @@ import time
 from unittest import mock
 
 from streambatch.cli.corpus import make_shards
-from streambatch.streaming import StreamingBatches, index_shards, shard_identity
+from streambatch.streaming import StreamingBatches, index_shards
+from streambatch.streaming.shards import identity as shard_identity
 
 
 def corpus(out: str, shards: int, per_shard: int) -> list[str]:

@@ -61,8 +61,8 @@ from quality import lhotse_planner, steps_from_stream, steps_of  # noqa: E402
 from streambatch.cli.metrics import Batches, time_report  # noqa: E402
 from streambatch.core.cost import CostModel  # noqa: E402
 from streambatch.planners import make_plan  # noqa: E402
-from streambatch.streaming.epoch.modes import iter_windows  # noqa: E402
-from streambatch.streaming.epoch.windows import WindowConfig, default_window  # noqa: E402
+from streambatch.streaming.epoch.modes import READ_MODES, iter_windows  # noqa: E402
+from streambatch.streaming.epoch.windows import WindowConfig  # noqa: E402
 
 FPS = 50
 REAL = os.path.join(os.path.dirname(__file__), "..", "..", "shared", "data", "real-lengths")
@@ -110,7 +110,7 @@ def shard_steps(lengths: np.ndarray, w: int, budget: int, cap: int, cost: CostMo
     counts = shard_counts(lengths.size)
     edges = np.concatenate([[0], np.cumsum(counts)])
     config = WindowConfig.build(budget, cap, w, True, False, seed, "bucketed", {"cost": cost},
-                                window_samples=default_window("shard", w), read_mode="shard")
+                                window_samples=READ_MODES["shard"].default_window(w), read_mode="shard")
     steps = []
     for win in iter_windows(counts, lambda s: lengths[edges[s] : edges[s + 1]], config, 0):
         gid = edges[win.shard_ids] + win.local
