@@ -3,7 +3,7 @@ batches from: bucketed with the fitted step cost (map-style, and streaming's
 shard read mode), bucketed with B·L², greedy (the seed's algorithm), lhotse's
 DynamicBucketingSampler and a fixed batch size.
 
-    .venv/bin/python bench/train_time.py                 # CV ps + heavy-tailed, W = 8 and 64 (~15 min, 2 cores)
+    .venv/bin/python bench/train_time.py                 # CV ps + heavy-tailed, W = 8 and 64 (~40 min, 2 quiet cores)
     .venv/bin/python bench/train_time.py --quick         # fewer timed steps (~5 min)
 
 How (single process, CPU, one torch thread; times are that thread's CPU seconds, ``time.process_time``, which
