@@ -302,6 +302,7 @@ def test_failure_channel_message_names_no_secret():
     assert_clean(full_text(info.value))
 
 
+@pytest.mark.slow  # a fresh interpreter (imports torch): ~2 s
 def test_cli_error_names_no_secret(tmp_path):
     env = {**os.environ, "PYTHONPATH": str(PACKAGE.parent)}
     out = subprocess.run([sys.executable, "-m", "streambatch.cli", "plan", HTTP_URL, "--max-batch-tokens", "400"],
