@@ -111,6 +111,7 @@ def recorded_length_source(shards: list[str], index_dir: str | None, options: di
     """(length_from, frames_per_second) recorded in the first shard's sidecar, if it has a readable one
     made without a Python function; else None."""
     from ..streaming.io.urls import expand_urls
+    from ..streaming.shards.lengths import LengthSpec
     from ..streaming.shards.sidecar import read_meta, sidecar_path
 
     try:
@@ -118,10 +119,7 @@ def recorded_length_source(shards: list[str], index_dir: str | None, options: di
         described = read_meta(sidecar_path(first, index_dir), options)["length_from"]
     except Exception:  # no sidecar yet, or a broken one: nothing to keep
         return None
-    if described.startswith("fn:"):
-        return None
-    source, _, rate = described.partition("*")
-    return source, float(rate[:-2]) if rate.endswith("/s") else None
+    return LengthSpec.parse_described(described)
 
 
 def rerun_hint(args: argparse.Namespace, message: str) -> str | None:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import functools
 import io
 import struct
+import sys
 from typing import Any
 
 # Member suffix -> the soundfile (libsndfile) format that decodes it: one registry for
@@ -220,11 +221,7 @@ def decode_audio(sample: dict[str, Any]) -> dict[str, Any]:
     import numpy as np
     import torch
 
-    try:
-        import soundfile
-    except ImportError:
-        soundfile = None
-
+    soundfile = _soundfile()
     out = {}
     for k, v in sample.items():
         if k.startswith("__") or not isinstance(v, bytes):
@@ -244,6 +241,26 @@ def decode_audio(sample: dict[str, Any]) -> dict[str, Any]:
         else:
             out[k] = v
     return out
+
+
+_NO_SOUNDFILE = False  # an import of soundfile failed: not tried again (a failed import searches sys.path)
+
+
+def _soundfile() -> Any:
+    """The soundfile module, or None without it (the ``audio`` extra), looked
+    up once per process rather than once per decoded sample. A module hidden
+    by ``sys.modules["soundfile"] = None`` counts as absent."""
+    global _NO_SOUNDFILE
+    if "soundfile" in sys.modules:
+        return sys.modules["soundfile"]
+    if _NO_SOUNDFILE:
+        return None
+    try:
+        import soundfile
+    except ImportError:
+        _NO_SOUNDFILE = True
+        return None
+    return soundfile
 
 
 def read_pcm_wav(data: bytes, member: str):

@@ -110,10 +110,10 @@ class SampleReads:
         shard = int(win.shard_ids[i])
         local = int(win.local[i])
         url = self.catalog.urls[shard]
+        table = self._tables[shard]
+        if isinstance(table, ShardError):
+            return table  # the shard could not be read: each of its samples is this error (skipped, counted)
         try:
-            table = self._tables[shard]
-            if isinstance(table, Exception):
-                raise table
             keys, offsets, sizes = table
             offset, size = int(offsets[local]), int(sizes[local])
             key = keys[local].decode("utf-8", "surrogateescape")

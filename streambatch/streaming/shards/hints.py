@@ -19,6 +19,7 @@ import tarfile
 
 from ..formats.audio import audio_ext
 from ..io.urls import is_local, local_path
+from .lengths import LengthSpec
 
 # The frame rate a hint proposes for durations in seconds: 20 ms frames, common for speech models. The message
 # says it is a choice: lengths are ceil(seconds x fps) in the units of max_batch_tokens.
@@ -53,25 +54,20 @@ def quote(text: str) -> str:
 
 def spec_flags(spec) -> str:
     """The command-line spelling of a ``LengthSpec`` ('' for a Python function)."""
-    if spec.source == "fn":
-        return ""  # a Python function has no command-line spelling; index_shards takes it
-    if spec.source == "json":
-        src = "json:" + ".".join(spec.field)
-    else:
-        src = "audio" + (f":{spec.suffix}" if spec.suffix else "")
-    fps = f" --frames-per-second {spec.frames_per_second:g}" if spec.frames_per_second is not None else ""
-    return f" --length-from {src}{fps}"
+    return described_flags(spec.describe(), explicit=True)
 
 
-def described_flags(described: str | None) -> str:
-    """The flags that make lengths as a sidecar's recorded ``length_from`` says (``"json:duration*50/s"`` ->
-    `` --length-from json:duration --frames-per-second 50``); '' for None or a Python function."""
-    if not described or described.startswith("fn:"):
+def described_flags(described: str | None, explicit: bool = False) -> str:
+    """The flags that make lengths as a recorded ``length_from`` says (``"json:duration*50/s"`` ->
+    `` --length-from json:duration --frames-per-second 50``); '' for None or a Python function.
+    Without ``explicit`` the default source (``json:duration``) is left out."""
+    parsed = LengthSpec.parse_described(described) if described else None
+    if parsed is None:
         return ""
-    source, _, rate = described.partition("*")
-    flags = "" if source == "json:duration" else f" --length-from {source}"
-    if rate.endswith("/s"):
-        flags += f" --frames-per-second {rate[:-2]}"
+    source, fps = parsed
+    flags = f" --length-from {source}" if explicit or source != "json:duration" else ""
+    if fps is not None:
+        flags += f" --frames-per-second {fps:g}"
     return flags
 
 

@@ -43,6 +43,16 @@ class LengthSpec:
             base = f"fn:{getattr(self.fn, '__module__', '?')}.{getattr(self.fn, '__qualname__', repr(self.fn))}"
         return base if self.frames_per_second is None else f"{base}*{self.frames_per_second:g}/s"
 
+    @staticmethod
+    def parse_described(described: str) -> tuple[str, float | None] | None:
+        """The inverse of ``describe`` for the command line: ``"json:duration*50/s"`` ->
+        ``("json:duration", 50.0)``, ``"audio"`` -> ``("audio", None)``; None for a
+        Python function (``"fn:..."``), which has no command-line spelling."""
+        if described.startswith("fn:"):
+            return None
+        source, _, rate = described.partition("*")
+        return source, float(rate[:-2]) if rate.endswith("/s") else None
+
     def needs_all_members(self) -> bool:
         return self.source == "fn"
 
