@@ -22,7 +22,7 @@ from typing import Any
 from ...core.redact import logger
 from ..errors import ShardError
 from ..formats.audio import decode_audio
-from ..formats.tar import parse_sample
+from ..formats.tar_samples import parse_sample
 from .reads import Raw, Step
 
 log = logger("streambatch.streaming")
@@ -70,7 +70,7 @@ def _parse(raw: Raw | ShardError) -> tuple[Raw, dict[str, Any]] | ShardError:
 
 
 def parse(steps: Iterator[Step]) -> Iterator[Step]:
-    """Raw tar bytes -> (raw, sample dict) (``formats/tar.parse_sample``)."""
+    """Raw tar bytes -> (raw, sample dict) (``formats/tar_samples.parse_sample``)."""
     for step in steps:
         yield Step(step.index, map(_parse, step.samples))
 

@@ -2,7 +2,7 @@
 
 Lengths come from a ``LengthSpec`` (``lengths.py``); the sidecar format is
 ``sidecar.py``'s and the staleness rules ``shard_identity.py``'s; the tar
-scan and member grouping are ``tar.py``'s.
+scan is ``formats/tar.py``'s and the member grouping ``formats/tar_samples.py``'s.
 
 Stream: shards -> their sidecars (and a catalog file), written.
 """
@@ -26,7 +26,8 @@ from ...core.types import IntLike, LengthFrom, UrlsLike
 from ...core.validation import check_int
 from ..errors import ShardError
 from ..formats.audio import HEADER_BYTES, HEADER_EXTS, audio_ext
-from ..formats.tar import TarScanner, read_member, sample_groups
+from ..formats.tar import TarScanner
+from ..formats.tar_samples import read_member, sample_groups
 from ..io.objects import is_remote
 from ..io.ranged import AUDIO_HEAD, READAHEAD, StreamFile, exists, open_ranged, remote_stat
 from ..io.reader import open_shard

@@ -21,7 +21,8 @@ from hypothesis import strategies as st
 from test_tar_fuzz import URL, Stream, bounded, check_scan, finish, member, pax, record
 
 from streambatch.streaming import ShardError, StreamingBatches, index_shards
-from streambatch.streaming.formats.tar import TarScanner, parse_sample, sample_groups
+from streambatch.streaming.formats.tar import TarScanner
+from streambatch.streaming.formats.tar_samples import parse_sample, sample_groups
 
 from helpers import examples
 

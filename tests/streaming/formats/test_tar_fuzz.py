@@ -18,7 +18,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from streambatch.streaming import ShardError, index_shards
-from streambatch.streaming.formats.tar import TarScanner, parse_sample, sample_groups
+from streambatch.streaming.formats.tar import TarScanner
+from streambatch.streaming.formats.tar_samples import parse_sample, sample_groups
 
 from helpers import examples
 

@@ -14,7 +14,7 @@ import soundfile
 
 from streambatch.streaming import ShardError, StreamingBatches, index_shards, length_spec, sidecar_path
 from streambatch.streaming.formats.audio import audio_info, flac_info, wav_info
-from streambatch.streaming.formats.tar import parse_sample
+from streambatch.streaming.formats.tar_samples import parse_sample
 from streambatch.streaming.io.reader import LocalReader
 from streambatch.streaming.io.urls import expand_urls
 from streambatch.streaming.shards.sidecar import read_arrays, read_meta, shard_stat, write_sidecar
