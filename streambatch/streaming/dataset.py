@@ -52,6 +52,13 @@ class StreamingBatches(IterableDataset):
         shards: ``s3://``, ``gs://``, ``https://``, ``hf://``, ``pipe:``); or a list of ``Source(urls,
         weight=...)`` to mix corpora: each epoch takes every source's quota, read in cycles, each window holding
         the sources in proportion (``shards/sources.py``); ``samples_per_epoch``: a weighted mix's epoch size.
+        Other corpus formats (``shards/corpora/``) are read where they are: a Lhotse Shar directory, a NeMo
+        tarred manifest, Parquet files, or their spec objects (``Shar(...)``, ``NemoTarred(...)``,
+        ``Parquet(...)``); their lengths come from their own metadata (``length_from``, default
+        ``json:duration`` for Shar and NeMo, ``column:duration`` for Parquet; seconds need
+        ``frames_per_second``).
+    format: the corpus format of ``urls`` (``"webdataset"``, ``"shar"``, ``"nemo"``, ``"parquet"``), or None:
+        detected from what ``urls`` is (a Source may name its own).
     max_batch_tokens, max_batch_size, planner, **planner_options: as for ``make_plan``, per window. The planner
         defaults to ``"bucketed"`` (it balances and pads best; ``DynamicBatchSampler`` keeps the seed's ``"greedy"``).
     max_length, long_samples: samples longer than ``max_length`` (sidecar length units) are never planned nor read
@@ -91,13 +98,13 @@ class StreamingBatches(IterableDataset):
                  samples_per_epoch: IntLike | None = None, storage_options: dict[str, Any] | None = None,
                  cache_dir: str | None = None, prefetch_shards: IntLike = 4, prefetch_bytes: IntLike | None = None,
                  retry: RetryPolicy | int | None = None, trust_catalog: bool | Collection[str] = False,
-                 **planner_options: Any) -> None:
+                 format: str | None = None, **planner_options: Any) -> None:
         super().__init__()
         failure: BaseException | None = None
         world: Any = world_size  # the caller's value until resolve_world checks it
         self.sources = None
         try:
-            lists = ShardLists(urls, samples_per_epoch=samples_per_epoch, index_dir=index_dir)
+            lists = ShardLists(urls, samples_per_epoch=samples_per_epoch, index_dir=index_dir, format=format)
             self.options = o = Options.build(
                 index_missing=index_missing, length_from=length_from,
                 frames_per_second=frames_per_second, index_workers=index_workers, verify=verify,

@@ -1,0 +1,411 @@
+"""Parquet files (the Hugging Face Hub's format; ``datasets``' ``to_parquet``),
+local or remote through fsspec (``s3://``, ``https://``, ``hf://``): one row
+per sample, an audio column of ``{bytes, path}`` structs (``datasets``'
+``Audio`` feature), and a length column.
+
+Lengths come from one column read alone (``length_from="column:duration"``
+with ``frames_per_second`` for seconds; an integer column such as
+``num_samples`` is a count as it is): pyarrow reads the footer and that
+column's chunks, never the audio. A corpus without a length column plans
+with ``length_from="audio"``, which reads every audio header once per open
+(the whole audio column: add a duration column instead, see the docs).
+
+Reading: a Parquet file is read by row groups. Each pass, per window, a
+DataLoader worker reads each row group that holds one of its samples once
+(the columns it needs), keeps those rows until they are yielded and drops the
+rest, so memory holds at most its samples of one window. A rank's samples
+lie in about 1/W of the row groups when the read mode is ``"shard"``, the
+default for Parquet (a rank trains contiguous rows); ``"sample"`` spreads
+every rank over every row group.
+
+A sample is ``{"__key__": "<file name>/<row>" (or ``key_column``),
+"__url__": file URL, "<audio column>.<ext>": audio bytes,
+"<audio column>.path": its path, <other column>: value}``: ``decode="audio"``
+and ``collate_audio`` take it as they take a WebDataset sample.
+
+Stream: a Parquet corpus as a ``Catalog`` (one column's lengths) and its rows, row group by row group, as sample dicts."""
+
+from __future__ import annotations
+
+import glob as globmod
+import io
+import os
+from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ....core.redact import scrub_url
+from ....core.units import seconds_to_frames
+from ...errors import ShardError
+from ...formats.audio import AUDIO_EXTS, audio_ext, audio_info
+from ...io.objects import IOStats, filesystem, is_remote
+from ...io.ranged import open_ranged, remote_stat
+from ...io.urls import expand_urls, is_local, local_path
+from ..catalog import Catalog
+from ..lengths import LengthSpec
+from .base import CorpusFormat, Layout, OpenSettings, digest, narrow
+
+FOOTER_READAHEAD = 64 << 10  # one GET holds a typical footer; column chunks are read in their own GETs
+_GLOB = set("*?[")
+# audio containers by their first bytes, for rows whose path gives no suffix
+_MAGIC = ((b"RIFF", "wav"), (b"RF64", "wav"), (b"fLaC", "flac"), (b"OggS", "ogg"), (b"ID3", "mp3"),
+          (b"\xff\xfb", "mp3"), (b"\xff\xf3", "mp3"), (b"\xff\xf2", "mp3"))
+
+
+def _pyarrow():
+    try:
+        import pyarrow.parquet as pq  # lazy for start-up: an optional extra
+    except ImportError:
+        raise ImportError("reading Parquet needs pyarrow: pip install 'streambatch[parquet]'") from None
+    return pq
+
+
+def expand_files(urls: Any, storage_options: dict | None = None) -> list[str]:
+    """Parquet file URLs from paths, brace patterns and globs (local: ``glob``; remote: the store's listing)."""
+    out: list[str] = []
+    for u in expand_urls(urls):
+        if not _GLOB & set(u.split("?", 1)[0].split("://", 1)[-1]):
+            out.append(u)
+        elif is_remote(u):
+            fs, path = filesystem(u, storage_options)
+            scheme = u.split("://", 1)[0]
+            out.extend(f"{scheme}://{p.lstrip('/')}" for p in sorted(fs.glob(path)))
+        else:
+            out.extend(sorted(globmod.glob(local_path(u))))
+    if not out:
+        raise FileNotFoundError(f"no Parquet file matches {scrub_url(str(urls))}")
+    return out
+
+
+class CountingFile(io.RawIOBase):
+    """A read-only file that counts the bytes read through it (local Parquet files)."""
+
+    def __init__(self, f):
+        super().__init__()
+        self.f, self.bytes = f, 0
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        return self.f.seek(offset, whence)
+
+    def tell(self) -> int:
+        return self.f.tell()
+
+    def read(self, n: int = -1) -> bytes:
+        data = self.f.read(n)
+        self.bytes += len(data)
+        return data
+
+    def readinto(self, b) -> int:
+        n = self.f.readinto(b)
+        self.bytes += n or 0
+        return n
+
+    def close(self) -> None:
+        self.f.close()
+        super().close()
+
+
+def open_file(url: str, storage_options: dict | None, retry, stats: IOStats, size: int | None = None):
+    """A seekable file over a Parquet file: local, or remote through ranged GETs (counted in ``stats``)."""
+    if is_remote(url):
+        if size is None:
+            size = remote_stat(url, storage_options, retry)["size"]
+        return open_ranged(url, size, storage_options, stats=stats, readahead=FOOTER_READAHEAD, retry=retry)
+    return CountingFile(open(local_path(url), "rb"))  # noqa: SIM115 (closed by the caller)
+
+
+def _read_bytes(f, stats: IOStats) -> int:
+    return f.bytes if isinstance(f, CountingFile) else stats.bytes
+
+
+@dataclass(frozen=True)
+class Parquet:
+    """A Parquet corpus.
+
+    urls: files, brace patterns or globs (``data/train-*.parquet``,
+        ``s3://bucket/ds/*.parquet``, ``hf://datasets/ORG/NAME@~parquet/default/train/*.parquet``);
+    audio_column: the ``{bytes, path}`` column (default ``"audio"``, else the
+        first column of that type; None found: samples without audio);
+    key_column: a column holding each row's key (default ``<file name>/<row>``).
+    """
+
+    urls: Any
+    audio_column: str | None = None
+    key_column: str | None = None
+
+    def shard_urls(self, settings: OpenSettings) -> list[str]:
+        return expand_files(self.urls, settings.storage_options)
+
+    def open(self, settings: OpenSettings) -> Catalog:
+        """The catalog: per file its row groups and the length column; no audio read (except ``length_from="audio"``)."""
+        files = self.shard_urls(settings)
+        spec = settings.spec("column:duration")
+        if spec.source not in ("column", "audio"):
+            raise ValueError(f"length_from={spec.describe()!r}: Parquet lengths come from a column "
+                             "('column:duration' with frames_per_second, or an integer column such as "
+                             "'column:num_frames') or from the audio headers ('audio')")
+        with ThreadPoolExecutor(16 if any(is_remote(u) for u in files) else 1) as pool:
+            opened = list(pool.map(lambda u: self._open_one(u, spec, settings), files))
+        audio = opened[0][3]
+        for u, (_, _, _, a) in zip(files, opened):
+            if a != audio:
+                raise ValueError(f"Parquet files disagree on the audio column: {scrub_url(files[0])} has {audio!r}, "
+                                 f"{scrub_url(u)} has {a!r}; pass audio_column=")
+        layout = ParquetLayout({u: starts for u, (_, starts, _, _) in zip(files, opened)}, audio, self.key_column,
+                               settings.storage_options, settings.retry)
+        counts = np.array([lens.size for lens, _, _, _ in opened], dtype=np.int64)
+        lengths = np.concatenate([lens for lens, _, _, _ in opened]) if opened else np.zeros(0, np.int64)
+        return Catalog(tuple(files), ("",) * len(files), counts, tuple(d for _, _, d, _ in opened), narrow(lengths),
+                       np.concatenate([[0], np.cumsum(counts)]).astype(np.int64),
+                       storage_options=settings.storage_options, layouts=(layout,) * len(files))
+
+    def _open_one(self, url: str, spec: LengthSpec, settings: OpenSettings):
+        """(lengths (n,) int64, row-group starts (G + 1,) int64, digest, audio column) of one file."""
+        pq = _pyarrow()
+        stats = IOStats()
+        try:
+            with open_file(url, settings.storage_options, settings.retry, stats) as f:
+                pf = pq.ParquetFile(f)
+                md = pf.metadata
+                names = pf.schema_arrow.names
+                audio = self.audio_column or find_audio_column(pf.schema_arrow)
+                if self.audio_column is not None and self.audio_column not in names:
+                    raise ValueError(f"Parquet file {scrub_url(url)} has no column {self.audio_column!r} "
+                                     f"(its columns: {names})")
+                if self.key_column is not None and self.key_column not in names:
+                    raise ValueError(f"Parquet file {scrub_url(url)} has no key column {self.key_column!r} "
+                                     f"(its columns: {names})")
+                where = f"Parquet file {scrub_url(url)}"
+                if spec.source == "column":
+                    col = spec.field[0]
+                    if col not in names:
+                        raise ValueError(f"{where} has no column {col!r} for length_from={spec.describe()!r} (its "
+                                         f"columns: {names}); name a length column, or use length_from='audio' "
+                                         "to read the audio headers")
+                    values = pf.read(columns=[col]).column(0)
+                    lengths = column_lengths(values, spec, where)
+                else:
+                    if audio is None:
+                        raise ValueError(f"{where} has no audio column to measure; pass audio_column=")
+                    lengths = audio_lengths(pf.read(columns=[audio]).column(0), spec, where)
+        except OSError as exc:
+            if isinstance(exc, ShardError):
+                raise
+            raise OSError(f"cannot read Parquet file {scrub_url(url)}: {exc}") from exc
+        rows = np.array([md.row_group(g).num_rows for g in range(md.num_row_groups)], dtype=np.int64)
+        starts = np.concatenate([[0], np.cumsum(rows)]).astype(np.int64)
+        return lengths, starts, digest(lengths, starts, md.serialized_size, audio), audio
+
+
+def find_audio_column(schema) -> str | None:
+    """``"audio"``, else the first struct column with a binary ``bytes`` field (``datasets``' Audio), else None."""
+    import pyarrow as pa  # lazy for start-up: an optional extra
+
+    if "audio" in schema.names:
+        return "audio"
+    for f in schema:
+        if pa.types.is_struct(f.type) and any(c.name == "bytes" and pa.types.is_binary(c.type) or
+                                              c.name == "bytes" and pa.types.is_large_binary(c.type) for c in f.type):
+            return f.name
+    return None
+
+
+def column_lengths(values, spec: LengthSpec, where: str) -> np.ndarray:
+    """(n,) int64 lengths of a numeric column (seconds with ``frames_per_second``, else counts)."""
+    import pyarrow as pa  # lazy for start-up: an optional extra
+
+    if values.null_count or not (pa.types.is_integer(values.type) or pa.types.is_floating(values.type)):
+        # nulls, strings, decimals: value by value, so the first bad row is named
+        return np.asarray([spec.to_length(v, f"{where}, row {i}") for i, v in enumerate(values.to_pylist())],
+                          dtype=np.int64)
+    arr = values.to_numpy(zero_copy_only=False)
+    as_float = arr.astype(np.float64)
+    bad = ~np.isfinite(as_float) | (as_float < 0)
+    if spec.frames_per_second is None:
+        bad |= (as_float != np.floor(as_float)) | (as_float >= 2.0**62)
+    if bad.any():
+        i = int(np.flatnonzero(bad)[0])
+        spec.to_length(arr[i].item(), f"{where}, row {i}")  # raises the one-line ValueError
+    if spec.frames_per_second is None:
+        return arr.astype(np.int64)
+    try:
+        return seconds_to_frames(as_float, spec.frames_per_second)
+    except ValueError as exc:
+        raise ValueError(f"{where}: {exc}") from None
+
+
+def audio_lengths(values, spec: LengthSpec, where: str) -> np.ndarray:
+    """(n,) int64 lengths from each row's audio header (``length_from="audio"``)."""
+    out = np.empty(len(values), dtype=np.int64)
+    for i, cell in enumerate(values.to_pylist()):
+        data = cell.get("bytes") if isinstance(cell, dict) else None
+        if not data:
+            raise ValueError(f"{where}, row {i}: no audio bytes to measure (length_from='audio')")
+        ext = sniff(data, cell.get("path"))
+        if ext is None:
+            raise ValueError(f"{where}, row {i}: cannot tell the audio format ({', '.join(AUDIO_EXTS)})")
+        try:
+            frames, rate = audio_info(data, ext, len(data))
+        except Exception as exc:  # parsers and soundfile on untrusted bytes
+            raise ValueError(f"{where}, row {i}: cannot read the audio header: {exc}") from None
+        value = frames if spec.frames_per_second is None else frames / rate
+        out[i] = spec.to_length(value, f"{where}, row {i}")
+    return out
+
+
+def sniff(data: bytes, path: Any = None) -> str | None:
+    """The audio format of one cell: its path's suffix, else its first bytes."""
+    if isinstance(path, str) and audio_ext(path) is not None:
+        return audio_ext(path)
+    return next((ext for magic, ext in _MAGIC if data.startswith(magic)), None)
+
+
+class ParquetLayout(Layout):
+    """Reads Parquet rows, row group by row group (``rows``)."""
+
+    tar = False
+    name = "parquet"
+
+    def __init__(self, starts: dict[str, np.ndarray], audio_column: str | None, key_column: str | None,
+                 storage_options: dict | None, retry):
+        self.starts, self.audio_column, self.key_column = starts, audio_column, key_column
+        self.storage_options, self.retry = storage_options, retry
+
+    def rows(self, catalog: Catalog) -> ParquetRows:
+        return ParquetRows(catalog, self)
+
+    def to_sample(self, url: str, row: int, record: dict[str, Any]) -> dict[str, Any]:
+        """One row as a sample dict (the audio column under ``<column>.<ext>``)."""
+        name = url.split("?", 1)[0].rstrip("/").rsplit("/", 1)[-1]
+        key = str(record[self.key_column]) if self.key_column else f"{name}/{row}"
+        out: dict[str, Any] = {"__key__": key, "__url__": url}
+        for col, value in record.items():
+            if col == self.audio_column and isinstance(value, dict):
+                data, path = value.get("bytes"), value.get("path")
+                if data:
+                    out[f"{col}.{sniff(data, path) or 'bin'}"] = data
+                out[f"{col}.path"] = path
+            else:
+                out[col] = value
+        return out
+
+
+class ParquetRows:
+    """One pass's reader of Parquet samples (one per DataLoader worker).
+
+    ``enter(pairs)``: a window's (shard, row) pairs this worker yields, one per
+    use; ``take(shard, row)`` returns a row's sample dict, reading its row
+    group (and keeping the other rows of it this worker needs in the window)
+    the first time one of them is asked for. ``bytes_read``: file bytes read."""
+
+    def __init__(self, catalog: Catalog, layout: ParquetLayout):
+        self.catalog, self.layout = catalog, layout
+        self.stats = IOStats()
+        self._files: dict[int, tuple[Any, Any]] = {}  # shard -> (open file, ParquetFile)
+        self._local_bytes = 0
+        self._uses: Counter = Counter()  # (shard, row) -> takes left in this window
+        self._rows: dict[tuple[int, int], dict[str, Any]] = {}  # rows read, waiting for their takes
+        self._group_rows: dict[tuple[int, int], list[int]] = {}  # (shard, group) -> rows this worker needs
+
+    @property
+    def bytes_read(self) -> int:
+        return self._local_bytes + sum(f.bytes for f, _ in self._files.values() if isinstance(f, CountingFile)) \
+            + self.stats.bytes
+
+    def enter(self, pairs: list[tuple[int, int]]) -> None:
+        """Start a window: forget what the last one left, and note what this one needs."""
+        self._uses = Counter(pairs)
+        self._rows.clear()
+        self._group_rows = {}
+        for shard, row in self._uses:
+            g = self._group(shard, row)
+            self._group_rows.setdefault((shard, g), []).append(row)
+        for shard in [s for s in self._files if not any(s == k[0] for k in self._group_rows)]:
+            self._close(shard)
+
+    def _group(self, shard: int, row: int) -> int:
+        starts = self.layout.starts[self.catalog.urls[shard]]
+        return int(np.searchsorted(starts, row, side="right") - 1)
+
+    def take(self, shard: int, row: int) -> dict[str, Any]:
+        key = (shard, row)
+        if key not in self._rows:
+            self._load(shard, self._group(shard, row))
+        sample = self._rows[key]
+        self._uses[key] -= 1
+        if self._uses[key] <= 0:
+            del self._rows[key]
+            del self._uses[key]
+        return sample
+
+    def _file(self, shard: int):
+        if shard not in self._files:
+            url = self.catalog.urls[shard]
+            f = open_file(url, self.layout.storage_options, self.layout.retry, self.stats)
+            self._files[shard] = (f, _pyarrow().ParquetFile(f))
+        return self._files[shard]
+
+    def _load(self, shard: int, group: int) -> None:
+        url = self.catalog.urls[shard]
+        starts = self.layout.starts[url]
+        try:
+            _, pf = self._file(shard)
+            md = pf.metadata
+            if md.num_row_groups != starts.size - 1 or md.row_group(group).num_rows != starts[group + 1] - starts[group]:
+                raise ShardError(f"Parquet file {url} changed since this job opened it (its row groups differ); "
+                                 "restart the job")
+            table = pf.read_row_group(group)
+        except ShardError:
+            raise
+        except Exception as exc:  # pyarrow and the store: one file's failure, skipped with on_error="skip"
+            raise ShardError(f"cannot read row group {group} of Parquet file {url}: {exc}") from exc
+        wanted = self._group_rows.get((shard, group), [])
+        idx = [r - int(starts[group]) for r in wanted]
+        for r, record in zip(wanted, table.take(idx).to_pylist() if idx else []):
+            self._rows[(shard, r)] = self.layout.to_sample(url, r, record)
+
+    def _close(self, shard: int) -> None:
+        f, _ = self._files.pop(shard)
+        if isinstance(f, CountingFile):
+            self._local_bytes += f.bytes
+        f.close()
+
+    def close(self) -> None:
+        for shard in list(self._files):
+            self._close(shard)
+        self._rows.clear()
+
+
+def claims(given: Any) -> bool:
+    """Parquet files or patterns (``.parquet``), or a local directory holding Parquet files only."""
+    if isinstance(given, (list, tuple)):
+        return bool(given) and all(claims(g) for g in given)
+    if not isinstance(given, (str, os.PathLike)):
+        return False
+    text = os.fspath(given).split("?", 1)[0]
+    if text.endswith(".parquet") or ".parquet}" in text:
+        return True
+    if is_local(text) and os.path.isdir(local_path(text)):
+        names = [n for n in os.listdir(local_path(text)) if not n.startswith(".")]
+        return bool(names) and all(n.endswith(".parquet") for n in names)
+    return False
+
+
+def build(given: Any) -> Parquet:
+    text = os.fspath(given) if isinstance(given, os.PathLike) else given
+    if isinstance(text, str) and is_local(text) and os.path.isdir(local_path(text)):
+        return Parquet(os.path.join(local_path(text), "*.parquet"))
+    return Parquet(text)
+
+
+FORMAT = CorpusFormat("parquet", Parquet, claims, "Parquet: one row per sample, an audio column, a length column",
+                      build=build, tar=False)
