@@ -114,17 +114,22 @@ class CountingFile(io.RawIOBase):
         super().close()
 
 
-def open_file(url: str, storage_options: dict | None, retry, stats: IOStats, size: int | None = None):
+def open_file(url: str, storage_options: dict | None, retry, stats: IOStats, size: int | None = None,
+              readahead: int = FOOTER_READAHEAD):
     """A seekable file over a Parquet file: local, or remote through ranged GETs (counted in ``stats``)."""
     if is_remote(url):
         if size is None:
             size = remote_stat(url, storage_options, retry)["size"]
-        return open_ranged(url, size, storage_options, stats=stats, readahead=FOOTER_READAHEAD, retry=retry)
+        return open_ranged(url, size, storage_options, stats=stats, readahead=readahead, retry=retry)
     return CountingFile(open(local_path(url), "rb"))  # noqa: SIM115 (closed by the caller)
 
 
-def _read_bytes(f, stats: IOStats) -> int:
-    return f.bytes if isinstance(f, CountingFile) else stats.bytes
+def identity(url: str, storage_options: dict | None, retry) -> dict[str, Any]:
+    """What says a Parquet file is still the one opened: size and ETag (remote) or size and mtime (local)."""
+    if is_remote(url):
+        return remote_stat(url, storage_options, retry)
+    st = os.stat(local_path(url))
+    return {"size": st.st_size, "mtime_ns": st.st_mtime_ns}
 
 
 @dataclass(frozen=True)
@@ -155,25 +160,31 @@ class Parquet:
                              "'column:num_frames') or from the audio headers ('audio')")
         with ThreadPoolExecutor(16 if any(is_remote(u) for u in files) else 1) as pool:
             opened = list(pool.map(lambda u: self._open_one(u, spec, settings), files))
-        audio = opened[0][3]
-        for u, (_, _, _, a) in zip(files, opened):
-            if a != audio:
+        audio = opened[0].audio
+        for u, f in zip(files, opened):
+            if f.audio != audio:
                 raise ValueError(f"Parquet files disagree on the audio column: {scrub_url(files[0])} has {audio!r}, "
-                                 f"{scrub_url(u)} has {a!r}; pass audio_column=")
-        layout = ParquetLayout({u: starts for u, (_, starts, _, _) in zip(files, opened)}, audio, self.key_column,
+                                 f"{scrub_url(u)} has {f.audio!r}; pass audio_column=")
+        layout = ParquetLayout({u: f for u, f in zip(files, opened)}, audio, self.key_column,
                                settings.storage_options, settings.retry)
-        counts = np.array([lens.size for lens, _, _, _ in opened], dtype=np.int64)
-        lengths = np.concatenate([lens for lens, _, _, _ in opened]) if opened else np.zeros(0, np.int64)
-        return Catalog(tuple(files), ("",) * len(files), counts, tuple(d for _, _, d, _ in opened), narrow(lengths),
-                       np.concatenate([[0], np.cumsum(counts)]).astype(np.int64),
+        counts = np.array([f.lengths.size for f in opened], dtype=np.int64)
+        lengths = np.concatenate([f.lengths for f in opened]) if opened else np.zeros(0, np.int64)
+        remote = [is_remote(u) for u in files]
+        # remote files: their size and ETag, checked before training (verify) like remote tars
+        sizes = np.array([f.identity["size"] if r else -1 for f, r in zip(opened, remote)], dtype=np.int64)
+        etags = tuple((f.identity.get("etag") or "") if r else "" for f, r in zip(opened, remote))
+        return Catalog(tuple(files), ("",) * len(files), counts, tuple(f.digest for f in opened), narrow(lengths),
+                       np.concatenate([[0], np.cumsum(counts)]).astype(np.int64), sizes, etags,
                        storage_options=settings.storage_options, layouts=(layout,) * len(files))
 
-    def _open_one(self, url: str, spec: LengthSpec, settings: OpenSettings):
-        """(lengths (n,) int64, row-group starts (G + 1,) int64, digest, audio column) of one file."""
+    def _open_one(self, url: str, spec: LengthSpec, settings: OpenSettings) -> ParquetFileInfo:
+        """One file's lengths, row groups, footer and identity."""
         pq = _pyarrow()
         stats = IOStats()
         try:
-            with open_file(url, settings.storage_options, settings.retry, stats) as f:
+            ident = identity(url, settings.storage_options, settings.retry)
+            # lengths: small reads of one column's chunks, no readahead past them
+            with open_file(url, settings.storage_options, settings.retry, stats, ident["size"], 4096) as f:
                 pf = pq.ParquetFile(f)
                 md = pf.metadata
                 names = pf.schema_arrow.names
@@ -203,7 +214,21 @@ class Parquet:
             raise OSError(f"cannot read Parquet file {scrub_url(url)}: {exc}") from exc
         rows = np.array([md.row_group(g).num_rows for g in range(md.num_row_groups)], dtype=np.int64)
         starts = np.concatenate([[0], np.cumsum(rows)]).astype(np.int64)
-        return lengths, starts, digest(lengths, starts, md.serialized_size, audio), audio
+        return ParquetFileInfo(lengths, starts, digest(lengths, starts, md.serialized_size, audio), audio, md, ident)
+
+
+@dataclass(frozen=True)
+class ParquetFileInfo:
+    """What opening one Parquet file found: lengths (n,) int64, row-group starts (G + 1,) int64 (rows),
+    the catalog digest, the audio column, the footer (pyarrow ``FileMetaData``: readers read row groups
+    without reading it again) and its identity (``identity``)."""
+
+    lengths: np.ndarray
+    starts: np.ndarray
+    digest: str
+    audio: str | None
+    metadata: Any
+    identity: dict[str, Any]
 
 
 def find_audio_column(schema) -> str | None:
@@ -275,9 +300,9 @@ class ParquetLayout(Layout):
     tar = False
     name = "parquet"
 
-    def __init__(self, starts: dict[str, np.ndarray], audio_column: str | None, key_column: str | None,
+    def __init__(self, files: dict[str, ParquetFileInfo], audio_column: str | None, key_column: str | None,
                  storage_options: dict | None, retry):
-        self.starts, self.audio_column, self.key_column = starts, audio_column, key_column
+        self.files, self.audio_column, self.key_column = files, audio_column, key_column
         self.storage_options, self.retry = storage_options, retry
 
     def rows(self, catalog: Catalog) -> ParquetRows:
@@ -333,7 +358,7 @@ class ParquetRows:
             self._close(shard)
 
     def _group(self, shard: int, row: int) -> int:
-        starts = self.layout.starts[self.catalog.urls[shard]]
+        starts = self.layout.files[self.catalog.urls[shard]].starts
         return int(np.searchsorted(starts, row, side="right") - 1)
 
     def take(self, shard: int, row: int) -> dict[str, Any]:
@@ -350,26 +375,30 @@ class ParquetRows:
     def _file(self, shard: int):
         if shard not in self._files:
             url = self.catalog.urls[shard]
-            f = open_file(url, self.layout.storage_options, self.layout.retry, self.stats)
-            self._files[shard] = (f, _pyarrow().ParquetFile(f))
+            info = self.layout.files[url]
+            if not is_remote(url):  # (remote files: size and ETag checked before training)
+                now = identity(url, None, None)
+                if now != info.identity:
+                    raise ShardError(f"Parquet file {url} changed since this job opened it ({info.identity} -> "
+                                     f"{now}); restart the job on files that are not being rewritten")
+            # row groups only: the footer read at open is reused (no GET for it per worker and window)
+            f = open_file(url, self.layout.storage_options, self.layout.retry, self.stats, info.identity["size"],
+                          readahead=0)
+            self._files[shard] = (f, _pyarrow().ParquetFile(f, metadata=info.metadata))
         return self._files[shard]
 
     def _load(self, shard: int, group: int) -> None:
         url = self.catalog.urls[shard]
-        starts = self.layout.starts[url]
         try:
             _, pf = self._file(shard)
-            md = pf.metadata
-            if md.num_row_groups != starts.size - 1 or md.row_group(group).num_rows != starts[group + 1] - starts[group]:
-                raise ShardError(f"Parquet file {url} changed since this job opened it (its row groups differ); "
-                                 "restart the job")
             table = pf.read_row_group(group)
         except ShardError:
             raise
         except Exception as exc:  # pyarrow and the store: one file's failure, skipped with on_error="skip"
             raise ShardError(f"cannot read row group {group} of Parquet file {url}: {exc}") from exc
         wanted = self._group_rows.get((shard, group), [])
-        idx = [r - int(starts[group]) for r in wanted]
+        first = int(self.layout.files[url].starts[group])
+        idx = [r - first for r in wanted]
         for r, record in zip(wanted, table.take(idx).to_pylist() if idx else []):
             self._rows[(shard, r)] = self.layout.to_sample(url, r, record)
 
