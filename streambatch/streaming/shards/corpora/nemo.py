@@ -232,7 +232,7 @@ class NemoLayout(Layout):
 
 
 def claims(given: Any) -> bool:
-    """A NeMo manifest (``.json``, NeMo braces included), or a local directory holding ``tarred_audio_manifest.json``."""
+    """A NeMo manifest (``.json``, NeMo braces too), or a local directory holding ``tarred_audio_manifest.json``."""
     if isinstance(given, (list, tuple)):
         return bool(given) and all(claims(g) for g in given)
     if not isinstance(given, (str, os.PathLike)):

@@ -23,7 +23,8 @@ A sample is ``{"__key__": "<file name>/<row>" (or ``key_column``),
 "<audio column>.path": its path, <other column>: value}``: ``decode="audio"``
 and ``collate_audio`` take it as they take a WebDataset sample.
 
-Stream: a Parquet corpus as a ``Catalog`` (one column's lengths) and its rows, row group by row group, as sample dicts."""
+Stream: a Parquet corpus as a ``Catalog`` (one column's lengths) and its rows, row group by row group, as
+sample dicts."""
 
 from __future__ import annotations
 
@@ -48,7 +49,6 @@ from ..catalog import Catalog
 from ..lengths import LengthSpec
 from .base import CorpusFormat, Layout, OpenSettings, digest, narrow
 
-FOOTER_READAHEAD = 64 << 10  # one GET holds a typical footer; column chunks are read in their own GETs
 _GLOB = set("*?[")
 # audio containers by their first bytes, for rows whose path gives no suffix
 _MAGIC = ((b"RIFF", "wav"), (b"RF64", "wav"), (b"fLaC", "flac"), (b"OggS", "ogg"), (b"ID3", "mp3"),
@@ -115,13 +115,64 @@ class CountingFile(io.RawIOBase):
 
 
 def open_file(url: str, storage_options: dict | None, retry, stats: IOStats, size: int | None = None,
-              readahead: int = FOOTER_READAHEAD):
+              readahead: int = 0):
     """A seekable file over a Parquet file: local, or remote through ranged GETs (counted in ``stats``)."""
     if is_remote(url):
         if size is None:
             size = remote_stat(url, storage_options, retry)["size"]
         return open_ranged(url, size, storage_options, stats=stats, readahead=readahead, retry=retry)
     return CountingFile(open(local_path(url), "rb"))  # noqa: SIM115 (closed by the caller)
+
+
+class _TailFile(io.RawIOBase):
+    """A file of ``size`` bytes of which only the last ones (``tail``) are known; the rest read as zeros.
+    pyarrow parses a footer from it: it reads its default 64 KiB from the end, but only the footer counts."""
+
+    def __init__(self, size: int, tail: bytes):
+        super().__init__()
+        self.size, self.tail, self.at, self.pos = size, tail, size - len(tail), 0
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self.pos
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        self.pos = {io.SEEK_SET: 0, io.SEEK_CUR: self.pos, io.SEEK_END: self.size}[whence] + offset
+        return self.pos
+
+    def read(self, n: int = -1) -> bytes:
+        n = self.size - self.pos if n is None or n < 0 else max(0, min(n, self.size - self.pos))
+        lo, self.pos = self.pos, self.pos + n
+        pad = max(0, min(self.at - lo, n))
+        start = max(0, lo - self.at)
+        return bytes(pad) + self.tail[start:start + n - pad]
+
+    def readinto(self, b) -> int:
+        data = self.read(len(b))
+        b[: len(data)] = data
+        return len(data)
+
+
+def read_footer(f, size: int, url: str, guess: int = 16 << 10):
+    """A Parquet file's footer (pyarrow ``FileMetaData``) in one read of its last ``guess`` bytes (two when
+    the footer is larger), instead of the 64 KiB pyarrow reads: for a remote file, one small GET."""
+    take = min(size, guess)
+    f.seek(size - take)
+    tail = f.read(take)
+    if size < 12 or tail[-4:] != b"PAR1":
+        raise ValueError(f"{scrub_url(url)} is not a Parquet file (no PAR1 footer)")
+    need = int.from_bytes(tail[-8:-4], "little") + 8
+    if need > size - 4:
+        raise ValueError(f"{scrub_url(url)}: its footer claims {need} bytes, the file has {size}")
+    if need > take:
+        f.seek(size - need)
+        tail = f.read(need)
+    return _pyarrow().ParquetFile(_TailFile(size, tail[-need:])).metadata
 
 
 def identity(url: str, storage_options: dict | None, retry) -> dict[str, Any]:
@@ -151,7 +202,7 @@ class Parquet:
         return expand_files(self.urls, settings.storage_options)
 
     def open(self, settings: OpenSettings) -> Catalog:
-        """The catalog: per file its row groups and the length column; no audio read (except ``length_from="audio"``)."""
+        """The catalog: per file its row groups and the length column; no audio read (but ``length_from="audio"``)."""
         files = self.shard_urls(settings)
         spec = settings.spec("column:duration")
         if spec.source not in ("column", "audio"):
@@ -184,9 +235,9 @@ class Parquet:
         try:
             ident = identity(url, settings.storage_options, settings.retry)
             # lengths: small reads of one column's chunks, no readahead past them
-            with open_file(url, settings.storage_options, settings.retry, stats, ident["size"], 4096) as f:
-                pf = pq.ParquetFile(f)
-                md = pf.metadata
+            with open_file(url, settings.storage_options, settings.retry, stats, ident["size"], 0) as f:
+                md = read_footer(f, ident["size"], url)
+                pf = pq.ParquetFile(f, metadata=md)  # column chunks read exactly (pyarrow coalesces near ones)
                 names = pf.schema_arrow.names
                 audio = self.audio_column or find_audio_column(pf.schema_arrow)
                 if self.audio_column is not None and self.audio_column not in names:
