@@ -27,7 +27,8 @@ def corpora(tmp_path_factory):
             "parquet": (os.path.join(d / "pq", "*.parquet"), None, pq_exp)}
 
 
-@pytest.mark.parametrize("name", ["shar", "nemo", "parquet"])
+@pytest.mark.parametrize("name", ["shar", pytest.param("nemo", marks=pytest.mark.slow),
+                                  pytest.param("parquet", marks=pytest.mark.slow)])
 def test_plan_reads_each_format(corpora, name, capsys):
     given, fmt, expected = corpora[name]
     argv = ["plan", given, "--fps", str(FPS), "-t", "800", "-w", "2", "--json"] + (["--format", fmt] if fmt else [])
@@ -38,6 +39,7 @@ def test_plan_reads_each_format(corpora, name, capsys):
     assert sorted(ds.catalog.all_lengths.astype(np.int64).tolist()) == sorted(expected.values())
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["shar", "nemo", "parquet"])
 def test_index_summarises_without_writing(corpora, name, capsys, tmp_path):
     given, fmt, expected = corpora[name]
@@ -50,6 +52,7 @@ def test_index_summarises_without_writing(corpora, name, capsys, tmp_path):
     assert before == after  # nothing written next to the corpus
 
 
+@pytest.mark.slow
 def test_a_json_manifest_stays_a_lengths_manifest(corpora, capsys):
     # without --format nemo a .json INPUT is read as JSON lines of lengths: the same lengths, no tar needed
     given, _, expected = corpora["nemo"]

@@ -51,6 +51,7 @@ def ids(batch) -> tuple[str, ...]:
     return tuple(c.id for c in batch)
 
 
+@pytest.mark.slow
 def test_eager_cutset_in_k2_dataset_and_dataloader(eager):
     world, per_rank = 2, []
     for r in range(world):
@@ -115,11 +116,13 @@ def test_arguments_map_onto_the_budget(eager):
     assert len(ours[0]) == len(ours[1])
 
 
+@pytest.mark.slow
 def test_exact_resume(eager):
     check_state_roundtrip(lambda: BalancedCutSampler(eager, max_duration=1.5, shuffle=True, world_size=2, rank=1),
                           key=ids)
 
 
+@pytest.mark.slow
 def test_elastic_resume(shar):
     directory, expected = shar
     cuts = lhotse.CutSet.from_shar(in_dir=directory)

@@ -42,7 +42,7 @@ def _nemo(d):
 
 
 def _parquet(d):
-    paths, expected = write_parquet(d, N, files=3, rows_per_group=10, seed=6)
+    paths, expected = write_parquet(d, N, files=3, rows_per_group=10, seed=6, writer="pyarrow")
     return os.path.join(os.fspath(d), "*.parquet"), expected, paths
 
 
@@ -69,7 +69,10 @@ def keys(ds):
     return [tuple(s["__key__"] for s in b) for b in ds]
 
 
-@pytest.mark.parametrize("world", [1, 3, 4])
+SLOW = pytest.mark.slow
+
+
+@pytest.mark.parametrize("world", [3, pytest.param(1, marks=SLOW), pytest.param(4, marks=SLOW)])
 @pytest.mark.parametrize("read_mode", ["sample", "shard"])
 def test_exactly_once_equal_steps_and_budget(corpus, world, read_mode):
     fmt, _, expected, _ = corpus
@@ -108,7 +111,7 @@ def test_resume(corpus):
     check_state_roundtrip(lambda: make(corpus, 1, 2), key=lambda b: tuple(s["__key__"] for s in b))
 
 
-@pytest.mark.parametrize("read_mode", ["sample", "shard"])
+@pytest.mark.parametrize("read_mode", ["shard", pytest.param("sample", marks=SLOW)])
 def test_elastic_resume(corpus, read_mode):
     _, _, expected, _ = corpus
     w0, w1 = 4, 3
@@ -134,7 +137,7 @@ def test_elastic_resume(corpus, read_mode):
     assert sum(counts.values()) - len(expected) <= (w0 - 1) + (w1 - 1)  # final-step padding only
 
 
-@pytest.mark.parametrize("read_mode", ["sample", "shard"])
+@pytest.mark.parametrize("read_mode", ["shard", pytest.param("sample", marks=SLOW)])
 def test_bytes_per_rank(corpus, read_mode):
     fmt, _, _, total = corpus
     world = 4
@@ -155,6 +158,7 @@ def test_bytes_per_rank(corpus, read_mode):
     assert max(read) < (0.45 if fmt == "parquet" else 0.4) * total
 
 
+@pytest.mark.slow
 def test_mix_of_formats(tmp_path):
     corpora = {name: WRITERS[name](tmp_path / name) for name in ("webdataset", "shar", "nemo", "parquet")}
     sources = [Source(c[0], weight=1.0, name=name) for name, c in corpora.items()]

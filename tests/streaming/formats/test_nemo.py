@@ -57,6 +57,7 @@ def test_samples_equal_the_members_the_manifest_names(nemo):
     assert subs[0]["wav"] == ref[subs[0]["__key__"].replace("-sub1", "")][0]
 
 
+@pytest.mark.slow
 def test_one_manifest_sharded_manifests_and_nemo_braces(nemo):
     directory, _ = nemo
     sharded = os.path.join(directory, "sharded_manifests", "manifest__OP_0..3_CL_.json")
@@ -80,6 +81,7 @@ def test_lengths_from_the_manifests_alone(nemo):
         StreamingBatches(directory, 800, 8, rank=0, world_size=1)
 
 
+@pytest.mark.slow
 def test_damage_and_mistakes(nemo, tmp_path):
     directory, _ = nemo
     bad = tmp_path / "bad"

@@ -27,7 +27,7 @@ from servers import nginx_server, s3_server
 pq = pytest.importorskip("pyarrow.parquet")
 
 
-@pytest.fixture(scope="module", params=["datasets", "pyarrow"])
+@pytest.fixture(scope="module", params=["datasets", pytest.param("pyarrow", marks=pytest.mark.slow)])
 def files(request, tmp_path_factory):
     d = tmp_path_factory.mktemp(f"pq-{request.param}")
     paths, expected = write_parquet(d, 120, files=3, rows_per_group=16, seed=9, writer=request.param)
@@ -55,6 +55,7 @@ def test_rows_equal_pyarrows_own_reads(files):
         assert s["text"] == row["text"] and s["duration"] == row["duration"]
 
 
+@pytest.mark.slow
 def test_decode_and_collate(files):
     directory, _, expected = files
     _, got = run(directory, decode="audio", collate_fn=collate_audio)
@@ -66,6 +67,7 @@ def test_decode_and_collate(files):
             assert int(np.ceil(n / SAMPLE_RATE * FPS - 1e-6)) == expected[key]  # the column matches the audio
 
 
+@pytest.mark.slow
 def test_detection_and_spellings(files):
     directory, paths, _ = files
     ref = None
@@ -82,6 +84,7 @@ def test_detection_and_spellings(files):
         assert fmt.name == "parquet" and spec == Parquet(url)
 
 
+@pytest.mark.slow
 def test_lengths_units_and_bad_values(files, tmp_path):
     directory, paths, expected = files
     with pytest.raises(ValueError, match="frames_per_second"):  # seconds without a frame rate
@@ -107,6 +110,7 @@ def test_lengths_units_and_bad_values(files, tmp_path):
         run(str(tmp_path / "frac.parquet"), fps=None)
 
 
+@pytest.mark.slow
 def test_columns_keys_and_a_changed_file(files, tmp_path):
     directory, paths, _ = files
     t = pq.read_table(paths[0]).rename_columns(["speech", "text", "duration"])
@@ -127,6 +131,7 @@ def test_columns_keys_and_a_changed_file(files, tmp_path):
         list(ds)
 
 
+@pytest.mark.slow
 def test_memory_holds_a_window_not_a_file(files, monkeypatch):
     # a worker keeps only the rows of a loaded row group it yields in this window, dropped once taken
     from streambatch.streaming.shards.corpora.parquet import ParquetRows

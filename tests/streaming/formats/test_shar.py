@@ -45,6 +45,7 @@ def test_samples_equal_lhotses_own_reader(shar):
         assert cut.id.count(".") == 1  # ids hold dots: members are paired, not split at the first dot
 
 
+@pytest.mark.slow
 def test_detected_named_and_spelled_out(shar):
     directory, expected = shar
     files = sorted(os.listdir(directory))
@@ -70,6 +71,7 @@ def test_no_audio_is_read_to_plan(shar, monkeypatch):
     assert len(ds) == ds.epoch_summary().steps > 0 and not opened
 
 
+@pytest.mark.slow
 def test_length_from_any_cut_field_and_units(shar):
     directory, expected = shar
     with pytest.raises(ValueError, match="frames_per_second"):  # durations are seconds
@@ -80,6 +82,7 @@ def test_length_from_any_cut_field_and_units(shar):
         StreamingBatches(directory, 800, 8, length_from="json:nope", frames_per_second=FPS, rank=0, world_size=1)
 
 
+@pytest.mark.slow
 def test_mismatched_or_changed_shards_are_refused(shar, tmp_path):
     directory, _ = shar
     bad = tmp_path / "bad"

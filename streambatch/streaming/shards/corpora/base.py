@@ -33,6 +33,7 @@ from typing import Any
 
 import numpy as np
 
+from ....core.units import seconds_to_frames
 from ...errors import ShardError
 from ...formats.tar import TarEntry, TarScanner
 from ...io.objects import filesystem, is_remote
@@ -169,8 +170,28 @@ def lengths_of(records: Iterable[dict[str, Any]], spec: LengthSpec, where: Calla
     if spec.source != "json":
         raise ValueError(f"length_from={spec.describe()!r}: this format's lengths come from its metadata; use "
                          "'json:FIELD' (e.g. 'json:duration' with frames_per_second)")
-    out = [spec.to_length(field_of(r, spec.field, where(i)), where(i)) for i, r in enumerate(records)]
-    return np.asarray(out, dtype=np.int64)
+    values = [field_of(r, spec.field, where(i)) for i, r in enumerate(records)]
+    return values_to_lengths(values, spec, where)
+
+
+def values_to_lengths(values: list[Any], spec: LengthSpec, where: Callable[[int], str]) -> np.ndarray:
+    """(n,) int64 lengths of metadata values: seconds with ``frames_per_second`` (``seconds_to_frames``),
+    else counts; checked in numpy, and the first bad value reported as ``LengthSpec.to_length`` reports it."""
+    if not all(type(v) in (int, float) for v in values):  # bools, strings, None: value by value, named
+        return np.asarray([spec.to_length(v, where(i)) for i, v in enumerate(values)], dtype=np.int64)
+    as_float = np.asarray(values, dtype=np.float64)
+    bad = ~np.isfinite(as_float) | (as_float < 0)
+    if spec.frames_per_second is None:
+        bad |= (as_float != np.floor(as_float)) | (as_float >= 2.0**62)
+    if bad.any():
+        i = int(np.flatnonzero(bad)[0])
+        spec.to_length(values[i], where(i))  # raises the one-line ValueError
+    if spec.frames_per_second is None:
+        return np.asarray(values, dtype=np.int64)
+    try:
+        return seconds_to_frames(as_float, spec.frames_per_second)
+    except ValueError as exc:
+        raise ValueError(f"{where(0).rsplit(',', 1)[0]}: {exc}") from None
 
 
 def json_bytes(obj: Any) -> bytes:
