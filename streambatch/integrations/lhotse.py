@@ -34,6 +34,7 @@ Stream: ``CutSet`` mini-batches, this rank's share of each global step."""
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import numbers
@@ -53,7 +54,7 @@ from ..streaming.errors import ShardError
 from ..streaming.io.objects import is_remote
 from ..streaming.io.reader import LocalReader
 from ..streaming.io.remote import RemoteShard
-from ..streaming.shards.corpora.base import OpenSettings, scan_members, tar_members
+from ..streaming.shards.corpora.base import OpenSettings, json_bytes, scan_members, tar_members
 from ..streaming.shards.corpora.shar import Shar, read_cuts
 from ..torch_glue.prefetch import prefetching_loader
 from ..torch_glue.sampler import DynamicBatchSampler
@@ -90,13 +91,14 @@ class _SharCuts:
                     audio_field=audio_field) if self.field else None
         self.cut_files = streams["cuts"]
         self.tars = spec.files(OpenSettings())[1] if spec is not None else []
-        self.dicts = [list(read_cuts(c)) for c in self.cut_files]  # metadata only; no tar opened
-        self.starts = np.concatenate([[0], np.cumsum([len(d) for d in self.dicts])]).astype(np.int64)
+        # metadata only, no tar opened; kept as JSON (lhotse's from_dict consumes the dict it is given)
+        self.lines = [[json_bytes(c) for c in read_cuts(f)] for f in self.cut_files]
+        self.starts = np.concatenate([[0], np.cumsum([len(x) for x in self.lines])]).astype(np.int64)
         self._tables: dict[int, tuple] = {}
         self._local = LocalReader()
 
     def durations(self) -> np.ndarray:
-        return np.array([c["duration"] for d in self.dicts for c in d], dtype=np.float64)
+        return np.array([json.loads(c)["duration"] for x in self.lines for c in x], dtype=np.float64)
 
     def __len__(self) -> int:
         return int(self.starts[-1])
@@ -105,9 +107,9 @@ class _SharCuts:
         if shard not in self._tables:
             members = scan_members(self.tars[shard])
             pairs = list(zip(members[::2], members[1::2]))
-            if len(pairs) != len(self.dicts[shard]):
+            if len(pairs) != len(self.lines[shard]):
                 raise ShardError(f"Shar tar {self.tars[shard]} holds {len(pairs)} cuts, its cuts file "
-                                 f"{self.cut_files[shard]} {len(self.dicts[shard])}")
+                                 f"{self.cut_files[shard]} {len(self.lines[shard])}")
             self._tables[shard] = tuple((d.offset, m.end - d.offset) for d, m in pairs)
         return self._tables[shard]
 
@@ -121,7 +123,7 @@ class _SharCuts:
         out = []
         for i in indices:
             shard = int(np.searchsorted(self.starts, i, side="right") - 1)
-            cut = deserialize_item(self.dicts[shard][i - int(self.starts[shard])])
+            cut = deserialize_item(json.loads(self.lines[shard][i - int(self.starts[shard])]))
             if self.field is not None:
                 offset, size = self._table(shard)[i - int(self.starts[shard])]
                 members = tar_members(self._bytes(shard, offset, size), self.tars[shard], offset, cut.id)

@@ -78,13 +78,17 @@ def test_shar_cutset_reads_only_its_cuts_audio(shar):
     world, seen = 2, collections.Counter()
     for r in range(world):
         sampler = BalancedCutSampler(cuts, max_duration=2.0, max_cuts=6, shuffle=True, world_size=world, rank=r)
+        sampler.set_epoch(1)
+        assert len(list(sampler)) == len(sampler)  # an epoch, then another: the cuts are made afresh each time
+        sampler.set_epoch(2)
+        before = sampler.cuts._local.bytes_read
         for batch in sampler:
             assert 0 < len(batch) <= 6
             for cut in batch:
                 np.testing.assert_allclose(cut.load_audio(), ref[cut.id], atol=1e-6)
                 seen[cut.id] += 1
         tars = sum(os.path.getsize(os.path.join(directory, f)) for f in os.listdir(directory) if f.endswith(".tar"))
-        assert 0 < sampler.cuts._local.bytes_read < 0.7 * tars  # its own cuts' members (about 1/W), by offset
+        assert 0 < sampler.cuts._local.bytes_read - before < 0.7 * tars  # its own cuts' members (~1/W), by offset
     assert set(seen) == set(expected)
     dataset = K2SpeechRecognitionDataset(input_strategy=AudioSamples(), return_cuts=True)
     loader = DataLoader(dataset, sampler=BalancedCutSampler(cuts, max_duration=2.0), batch_size=None, num_workers=2)
