@@ -35,7 +35,6 @@ Stream: ``CutSet`` mini-batches, this rank's share of each global step."""
 from __future__ import annotations
 
 import json
-import logging
 import math
 import numbers
 import os
@@ -49,6 +48,7 @@ from lhotse.serialization import deserialize_item
 from lhotse.shar.readers.lazy import LazySharIterator
 from lhotse.shar.utils import fill_shar_placeholder
 
+from ..core.redact import logger
 from ..core.units import seconds_to_frames
 from ..streaming.errors import ShardError
 from ..streaming.io.objects import is_remote
@@ -59,7 +59,7 @@ from ..streaming.shards.corpora.shar import Shar, read_cuts
 from ..torch_glue.prefetch import prefetching_loader
 from ..torch_glue.sampler import DynamicBatchSampler
 
-log = logging.getLogger("streambatch.lhotse")
+log = logger("streambatch.lhotse")  # scrubs URLs (credentials) from what it logs
 
 # DynamicBucketingSampler's bucketing knobs: the planner buckets by length itself
 _IGNORED = ("num_buckets", "duration_bins", "num_cuts_for_bins_estimate", "buffer_size", "quadratic_duration",

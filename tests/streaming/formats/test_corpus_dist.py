@@ -62,7 +62,7 @@ def test_three_gloo_ranks_mix_three_formats(tmp_path):
     world, port = 3, free_port()
     mp.start_processes(_rank, args=(world, f"tcp://127.0.0.1:{port}", root, str(tmp_path)), nprocs=world,
                        join=True, start_method="spawn")
-    results = [json.load(open(tmp_path / f"rank{r}.json")) for r in range(world)]
+    results = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(world)]
     assert all("differs across ranks" in r.get("mismatch", "") for r in results)
     for e in range(2):
         assert len({len(r["epochs"][e]) for r in results}) == 1  # equal steps

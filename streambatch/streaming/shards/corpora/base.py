@@ -33,6 +33,7 @@ from typing import Any
 
 import numpy as np
 
+from ....core.redact import scrub
 from ....core.units import seconds_to_frames
 from ...errors import ShardError
 from ...formats.tar import TarEntry, TarScanner
@@ -152,16 +153,16 @@ def json_lines(data: bytes, where: str) -> Iterator[dict[str, Any]]:
         yield obj
 
 
-def field_of(record: dict[str, Any], path: tuple[str, ...], where: str) -> Any:
-    """``record[path[0]][path[1]]...``, or a ValueError naming ``where`` and the field."""
+def field_of(record: dict[str, Any], keys: tuple[str, ...], where: str) -> Any:
+    """``record[keys[0]][keys[1]]...``, or a ValueError naming ``where`` and the field."""
     value: Any = record
     try:
-        for part in path:
+        for part in keys:
             value = value[part]
     except (KeyError, TypeError, IndexError):
         have = sorted(record)[:12]
-        raise ValueError(f"{where}: no field {'.'.join(path)!r} (its fields: {have}); choose another "
-                         "length_from") from None
+        name = ".".join(keys)
+        raise ValueError(f"{where}: no field {name!r} (its fields: {have}); choose another length_from") from None
     return value
 
 
@@ -191,7 +192,7 @@ def values_to_lengths(values: list[Any], spec: LengthSpec, where: Callable[[int]
     try:
         return seconds_to_frames(as_float, spec.frames_per_second)
     except ValueError as exc:
-        raise ValueError(f"{where(0).rsplit(',', 1)[0]}: {exc}") from None
+        raise ValueError(f"{scrub(where(0).rsplit(',', 1)[0])}: {exc}") from None
 
 
 def json_bytes(obj: Any) -> bytes:
