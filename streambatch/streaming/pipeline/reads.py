@@ -78,12 +78,12 @@ class SampleReads:
         self._tables: dict[int, Any] = {}  # shard -> (keys, offsets, sizes), or the ShardError reading it
         # layouts that read their samples themselves (Parquet): one reader each for this pass
         own = {id(lay): lay for lay in (catalog.layouts or ()) if lay is not None and not lay.tar}
-        self._rows = {k: lay.rows(catalog) for k, lay in own.items()}
+        self._rows = {k: lay.rows(catalog, remote) for k, lay in own.items()}
 
     @property
     def bytes_read(self) -> int:
         """Bytes this pass read (tar bytes from files and the cache, and the files of row readers)."""
-        rows = sum(r.bytes_read for r in self._rows.values())
+        rows = sum(r.bytes_read for r in self._rows.values())  # (local files; cached ones count in remote's)
         return self.local.bytes_read + rows + (self.remote.bytes_read if self.remote is not None else 0)
 
     def steps(self, windows: Iterable[RankWindow], epoch: int) -> Iterator[Step]:

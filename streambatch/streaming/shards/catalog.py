@@ -73,11 +73,10 @@ class Catalog:
 
     @cached_property
     def local(self) -> np.ndarray:
-        """(S,) bool: shard s is a local file, read by offset (``os.pread``), or a
-        shard its layout reads itself (Parquet row groups); else a remote tar or
-        a stream, read through the node-local cache. Decided once per shard, here."""
-        own = [lay is not None and not lay.tar for lay in self.layouts] if self.layouts else [False] * len(self.urls)
-        return np.array([is_local(u) or o for u, o in zip(self.urls, own)], dtype=bool)
+        """(S,) bool: shard s is a local file, read by offset (``os.pread``); else
+        a remote object or a stream, read through the node-local cache (a remote
+        Parquet file too: its row groups). Decided once per shard, here."""
+        return np.array([is_local(u) for u in self.urls], dtype=bool)
 
     def layout(self, shard: int) -> Any:
         """The layout that reads shard ``shard`` (``corpora/base.Layout``), or None: a WebDataset tar."""

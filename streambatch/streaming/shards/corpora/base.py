@@ -16,7 +16,8 @@ tar shard: ``table`` gives (keys, offsets, sizes) like a WebDataset sidecar
 (so local files are read by offset and remote ones through the node-local
 cache, exactly as WebDataset tars) and ``sample`` turns one sample's tar bytes
 into a sample dict. A layout with ``tar = False`` reads its samples itself
-(``rows``: Parquet row groups).
+(``rows``: Parquet row groups); its ``table`` gives the byte range each sample
+needs (its row group's), which the node-local cache downloads for remote files.
 
 Stream: nothing: the format interface, a sample table, and shared helpers
 (tar member scans, whole small objects, directory listings)."""
@@ -97,8 +98,9 @@ class Layout:
         """The sample dict held by ``data``, the tar bytes of one sample read at ``offset`` of ``url``."""
         raise NotImplementedError
 
-    def rows(self, catalog: Any) -> Any:
-        """A per-pass reader of this layout's samples (``tar = False`` only)."""
+    def rows(self, catalog: Any, remote: Any = None) -> Any:
+        """A per-pass reader of this layout's samples (``tar = False`` only); ``remote``: the pass's
+        ``RemoteWindowReader`` (the node-local cache of remote shards, planned from ``table``), or None."""
         raise NotImplementedError
 
 

@@ -11,9 +11,11 @@ with ``length_from="audio"``, which reads every audio header once per open
 (the whole audio column: add a duration column instead, see the docs).
 
 Reading: a Parquet file is read by row groups. Each pass, per window, a
-DataLoader worker reads each row group that holds one of its samples once
-(the columns it needs), keeps those rows until they are yielded and drops the
-rest, so memory holds at most its samples of one window. A rank's samples
+DataLoader worker reads each row group that holds one of its samples once,
+keeps those rows until they are yielded and drops the rest, so memory holds
+at most its samples of one window. A remote file's row groups are downloaded
+into the node-local cache (as remote tars' byte ranges are: once per rank,
+whatever ``num_workers``, prefetched) and read from there. A rank's samples
 lie in about 1/W of the row groups when the read mode is ``"shard"``, the
 default for Parquet (a rank trains contiguous rows); ``"sample"`` spreads
 every rank over every row group.
@@ -47,7 +49,7 @@ from ...io.ranged import open_ranged, remote_stat
 from ...io.urls import expand_urls, is_local, local_path
 from ..catalog import Catalog
 from ..lengths import LengthSpec
-from .base import CorpusFormat, Layout, OpenSettings, digest, narrow
+from .base import CorpusFormat, Layout, OpenSettings, SampleTable, digest, narrow
 
 _GLOB = set("*?[")
 # audio containers by their first bytes, for rows whose path gives no suffix
@@ -158,6 +160,58 @@ class _TailFile(io.RawIOBase):
         return len(data)
 
 
+class _SliceFile(io.RawIOBase):
+    """Bytes ``[start, start + len(data))`` of a file of ``size`` bytes (a row group from the node-local cache),
+    read at their positions in the file; pyarrow reads a row group's column chunks from it."""
+
+    def __init__(self, data: bytes, start: int, size: int, url: str):
+        super().__init__()
+        self.data, self.start, self.size, self.url, self.pos = data, start, size, url, start
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self.pos
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        self.pos = {io.SEEK_SET: 0, io.SEEK_CUR: self.pos, io.SEEK_END: self.size}[whence] + offset
+        return self.pos
+
+    def read(self, n: int = -1) -> bytes:
+        lo = self.pos - self.start
+        n = len(self.data) - lo if n is None or n < 0 else n
+        if lo < 0 or lo + n > len(self.data):
+            raise ShardError(f"Parquet file {self.url}: a read at byte {self.pos} ({n} bytes) falls outside the "
+                             f"row group's bytes {self.start}..{self.start + len(self.data)}")
+        self.pos += n
+        return self.data[lo:lo + n]
+
+    def readinto(self, b) -> int:
+        data = self.read(len(b))
+        b[: len(data)] = data
+        return len(data)
+
+
+def group_ranges(md) -> np.ndarray:
+    """(G, 2) int64 byte range [start, end) of each row group's column chunks (a footer's ``FileMetaData``)."""
+    out = np.zeros((md.num_row_groups, 2), dtype=np.int64)
+    for g in range(md.num_row_groups):
+        rg = md.row_group(g)
+        lo, hi = None, 0
+        for c in range(rg.num_columns):
+            col = rg.column(c)
+            start = col.dictionary_page_offset if col.has_dictionary_page and col.dictionary_page_offset else \
+                col.data_page_offset
+            lo = start if lo is None else min(lo, start)
+            hi = max(hi, start + col.total_compressed_size)
+        out[g] = (lo or 0, hi)
+    return out
+
+
 def read_footer(f, size: int, url: str, guess: int = 16 << 10):
     """A Parquet file's footer (pyarrow ``FileMetaData``) in one read of its last ``guess`` bytes (two when
     the footer is larger), instead of the 64 KiB pyarrow reads: for a remote file, one small GET."""
@@ -265,14 +319,15 @@ class Parquet:
             raise OSError(f"cannot read Parquet file {scrub_url(url)}: {exc}") from exc
         rows = np.array([md.row_group(g).num_rows for g in range(md.num_row_groups)], dtype=np.int64)
         starts = np.concatenate([[0], np.cumsum(rows)]).astype(np.int64)
-        return ParquetFileInfo(lengths, starts, digest(lengths, starts, md.serialized_size, audio), audio, md, ident)
+        return ParquetFileInfo(lengths, starts, digest(lengths, starts, md.serialized_size, audio), audio, md, ident,
+                               group_ranges(md))
 
 
 @dataclass(frozen=True)
 class ParquetFileInfo:
     """What opening one Parquet file found: lengths (n,) int64, row-group starts (G + 1,) int64 (rows),
     the catalog digest, the audio column, the footer (pyarrow ``FileMetaData``: readers read row groups
-    without reading it again) and its identity (``identity``)."""
+    without reading it again), its identity (``identity``) and ranges (G, 2) int64: each row group's bytes."""
 
     lengths: np.ndarray
     starts: np.ndarray
@@ -280,6 +335,7 @@ class ParquetFileInfo:
     audio: str | None
     metadata: Any
     identity: dict[str, Any]
+    ranges: np.ndarray
 
 
 def find_audio_column(schema) -> str | None:
@@ -356,8 +412,17 @@ class ParquetLayout(Layout):
         self.files, self.audio_column, self.key_column = files, audio_column, key_column
         self.storage_options, self.retry = storage_options, retry
 
-    def rows(self, catalog: Catalog) -> ParquetRows:
-        return ParquetRows(catalog, self)
+    def rows(self, catalog: Catalog, remote: Any = None) -> ParquetRows:
+        return ParquetRows(catalog, self, remote)
+
+    def table(self, catalog: Catalog, shard: int, copy: str | None = None) -> SampleTable:
+        """Per row, the byte range of its row group: what the node-local cache downloads for a remote file
+        (one piece per run of row groups a rank's workers need, shared by them), read back whole by ``rows``."""
+        info = self.files[catalog.urls[shard]]
+        group = np.repeat(np.arange(info.ranges.shape[0]), np.diff(info.starts))
+        keys = np.array([str(i).encode() for i in range(int(info.starts[-1]))], dtype=bytes)
+        start = info.ranges[group, 0]
+        return SampleTable(keys, start, info.ranges[group, 1] - start, self)
 
     def to_sample(self, url: str, row: int, record: dict[str, Any]) -> dict[str, Any]:
         """One row as a sample dict (the audio column under ``<column>.<ext>``)."""
@@ -381,10 +446,13 @@ class ParquetRows:
     ``enter(pairs)``: a window's (shard, row) pairs this worker yields, one per
     use; ``take(shard, row)`` returns a row's sample dict, reading its row
     group (and keeping the other rows of it this worker needs in the window)
-    the first time one of them is asked for. ``bytes_read``: file bytes read."""
+    the first time one of them is asked for. ``bytes_read``: file bytes read.
+    remote: the pass's ``RemoteWindowReader``: a remote file's row groups come
+    from the node-local cache it fills (downloaded once for the rank's workers,
+    prefetched), each read whole once per window by each worker needing it."""
 
-    def __init__(self, catalog: Catalog, layout: ParquetLayout):
-        self.catalog, self.layout = catalog, layout
+    def __init__(self, catalog: Catalog, layout: ParquetLayout, remote: Any = None):
+        self.catalog, self.layout, self.remote = catalog, layout, remote
         self.stats = IOStats()
         self._files: dict[int, tuple[Any, Any]] = {}  # shard -> (open file, ParquetFile)
         self._local_bytes = 0
@@ -440,8 +508,14 @@ class ParquetRows:
 
     def _load(self, shard: int, group: int) -> None:
         url = self.catalog.urls[shard]
+        info = self.layout.files[url]
         try:
-            _, pf = self._file(shard)
+            if self.remote is not None and not self.catalog.local[shard]:  # from the cache: no GET of our own
+                lo, hi = (int(x) for x in info.ranges[group])
+                data = self.remote.read(shard, lo, hi - lo)
+                pf = _pyarrow().ParquetFile(_SliceFile(data, lo, info.identity["size"], url), metadata=info.metadata)
+            else:
+                _, pf = self._file(shard)
             table = pf.read_row_group(group)
         except ShardError:
             raise
