@@ -34,26 +34,29 @@ def length_source(fmt: Any, field: str | None) -> str:
 
 
 def corpus_lengths(text: str, found: tuple[Any, Any], field: str | None, fps: float | None,
-                   storage_options: dict | None = None) -> tuple[np.ndarray, str]:
-    """(N,) int64 lengths of a corpus INPUT and how to name it in the report."""
+                   storage_options: dict | None = None, length_from: str | None = None) -> tuple[np.ndarray, str]:
+    """(N,) int64 lengths of a corpus INPUT and how to name it in the report (``length_from``: a whole
+    length source, e.g. ``audio``, instead of ``--field``'s)."""
     from ..streaming.shards.corpora import OpenSettings
 
     fmt, spec = found
-    cat = spec.open(OpenSettings(length_source(fmt, field), fps, storage_options))
+    cat = spec.open(OpenSettings(length_from or length_source(fmt, field), fps, storage_options))
     lengths = cat.all_lengths.astype(np.int64)
     shards = len(cat.urls)
     return lengths, f"a {fmt.name} corpus ({shards} {'file' if fmt.name == 'parquet' else 'shard'}" \
                     f"{'s' * (shards != 1)})"
 
 
-def describe_corpus(text: str, found: tuple[Any, Any], field: str | None, fps: float | None,
+def describe_corpus(text: str, found: tuple[Any, Any], length_from: str | None, fps: float | None,
                     storage_options: dict | None) -> None:
-    """What ``streambatch index`` prints for a corpus that needs no index: its lengths, read from its metadata."""
+    """What ``streambatch index`` prints for a corpus that needs no index: its lengths, read from its metadata
+    (``length_from``: ``--length-from``, default the format's)."""
     from .report import audio_time
 
     fmt, _ = found
-    lengths, name = corpus_lengths(text, found, field, fps, storage_options)
-    print(f"{name}: lengths from its own metadata ({length_source(fmt, field)}"
+    source = length_from or length_source(fmt, None)
+    lengths, name = corpus_lengths(text, found, None, fps, storage_options, source)
+    print(f"{name}: lengths from its own metadata ({source}"
           f"{f' at {fps:g} frames/s' if fps else ''}); no sidecar or catalog is needed")
     total = f"{int(lengths.sum()):,}" + (f" frames = {audio_time(lengths.sum() / fps)}" if fps else "")
     print(f"  samples          {lengths.size:,}")

@@ -52,8 +52,7 @@ def run_index(args: argparse.Namespace) -> int:
     options = storage_options(args.storage_option) or None
     found = corpus_of(args.shards[0], args.format) if len(args.shards) == 1 else None
     if found is not None:  # Shar, NeMo, Parquet: lengths in their own metadata, nothing to write
-        field = args.length_from.split(":", 1)[1] if args.length_from and ":" in args.length_from else None
-        describe_corpus(args.shards[0], found, field, args.frames_per_second, options)
+        describe_corpus(args.shards[0], found, args.length_from, args.frames_per_second, options)
         return 0
     shards = [u for text in args.shards for u in shard_list(text)]
     if args.length_from is None and args.frames_per_second is None:
