@@ -2,9 +2,10 @@
 expanded once, and the catalog opened from them.
 
 ``urls`` is one shard list (a brace pattern, a path, a list of them, or a
-``*.catalog.npz`` file; or a corpus of another format: ``corpora/``) or a mix
-of ``Source`` entries, each with its own list. A list is expanded (``io/urls.expand_urls``) the first time its URLs
-are needed, and a catalog file read the first time (one request), and kept:
+``*.catalog.npz`` file; or a corpus of another format: ``corpora/``) or a
+mix of ``Source`` entries, each with its own list. A list is expanded
+(``io/urls.expand_urls``) the first time its URLs are needed, and a catalog
+file read the first time (one request), and kept:
 choosing the read mode, indexing missing shards across ranks and opening the
 catalog all use the same expansion.
 
@@ -58,7 +59,7 @@ class ShardList:
     def __init__(self, given: Any, index_dir: str | None, format: str | None = None):
         # the corpus format: named, or detected from what was given (corpora/__init__.resolve)
         self.format, self.spec = resolve(given, format)
-        self.tars = self.format.name == "webdataset"  # WebDataset tars: sidecars, catalog files, indexing
+        self.webdataset = self.format.name == "webdataset"  # WebDataset tars: sidecars, catalog files, indexing
         self.given = self.spec.urls if isinstance(self.spec, WebDataset) else given
         self.index_dir = index_dir
         self._urls: list[str] | None = None
@@ -67,7 +68,7 @@ class ShardList:
     @property
     def catalog_file(self) -> str | None:
         """The path of the catalog file this list is, or None."""
-        return os.fspath(self.given) if self.tars and is_catalog(self.given) else None
+        return os.fspath(self.given) if self.webdataset and is_catalog(self.given) else None
 
     def settings(self, index: IndexOptions, remote: RemoteOptions) -> OpenSettings:
         """How a corpus of another format opens (``corpora/base.OpenSettings``)."""
@@ -89,7 +90,7 @@ class ShardList:
     def urls(self, remote: RemoteOptions) -> list[str]:
         """The shard URLs, in the order given."""
         if self._urls is None:
-            if not self.tars:
+            if not self.webdataset:
                 self._urls = self.spec.shard_urls(OpenSettings(storage_options=remote.storage_options,
                                                                retry=remote.retry))
             elif self.catalog_file:
@@ -101,7 +102,7 @@ class ShardList:
     def open(self, index: IndexOptions, remote: RemoteOptions) -> Catalog:
         """This list's catalog: from the catalog file, or from each shard's sidecar; a corpus of another
         format from its own metadata (``corpora/``)."""
-        if not self.tars:
+        if not self.webdataset:
             return self.spec.open(self.settings(index, remote))
         if self.catalog_file:
             return from_contents(self.catalog_file, self.contents(remote), index.length_from,
@@ -115,7 +116,7 @@ class ShardList:
         """With ``index_missing`` under torch.distributed: index 1/W of this
         list's local shards (shard i if i % W == rank; those with a current
         sidecar are skipped). A catalog file needs no indexing."""
-        if self.catalog_file or not self.tars:
+        if self.catalog_file or not self.webdataset:
             return
         mine = [u for i, u in enumerate(self.urls(remote)) if i % world_size == rank and is_local(u)]
         if mine:
