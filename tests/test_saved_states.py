@@ -11,19 +11,15 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 
 import pytest
 
+from streambatch import DynamicBatchSampler
+from streambatch.streaming import Source, StreamingBatches, index_shards
+from tests.support.helpers import lognormal_lengths
+from tests.support.shards import FPS, write_corpus
+
 HERE = os.path.dirname(os.path.abspath(__file__))
-if HERE not in sys.path:  # run as a script
-    sys.path.insert(0, HERE)
-
-from streambatch import DynamicBatchSampler  # noqa: E402
-from streambatch.streaming import Source, StreamingBatches, index_shards  # noqa: E402
-
-from helpers import lognormal_lengths  # noqa: E402
-from shards import FPS, write_corpus  # noqa: E402
 
 DATA = os.path.join(HERE, "data", "states")
 BUDGET, CAP = 400, 6

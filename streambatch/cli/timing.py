@@ -20,7 +20,8 @@ from collections.abc import Callable, Iterable
 import numpy as np
 
 from ..core.units import seconds_to_frames
-from ..planners import PLANNERS, make_plan, reference
+from ..planners import PLANNERS, make_plan
+from ..planners.greedy import reference
 
 BUDGET = 16_000  # frames (50 frames/s: 320 s of audio per batch)
 CAP = 64

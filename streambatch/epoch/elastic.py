@@ -22,6 +22,8 @@ at most ``MAX_SEGMENTS`` segments, each of >= 1 step (a resize after no step
 records nothing) at a world size in [1, ``max_world``], their steps summing
 to at most the epoch's samples (every step trains at least one sample, and
 each sample once), and, when the state carries one, its ``history`` digest.
+
+Stream: nothing: an epoch's elastic history, checked, and the plan of its current segment.
 """
 
 from __future__ import annotations

@@ -1,6 +1,7 @@
 """A mix's epoch cut into windows before planning (pure numpy plus sidecar
-lengths, through ``Catalog``): the semantics are those of ``shards/sources.py``
-(cycles, per-epoch quotas, positions; ``streambatch.core.mix``).
+lengths, through the catalog, ``windows.MixedShards``): the semantics are those
+of ``streaming/shards/sources.py`` (cycles, per-epoch quotas, positions;
+``streambatch.core.mix``).
 
 The epoch is cut into ``J = max(1, E // window_samples)`` windows (``E`` the
 epoch's samples); window ``j`` takes the ``j``-th ``1/J`` of every source's
@@ -15,16 +16,16 @@ from collections.abc import Iterator
 
 import numpy as np
 
-from ...core.mix import cycle_order, stream_pieces
-from ..shards.sources import SourceCatalog
-from .sample_mode import WindowInput
+from ..core.mix import cycle_order, stream_pieces
+from .sample_loop import WindowInput
+from .windows import MixedShards
 
 
 def num_windows(samples: int, window_samples: int) -> int:
     return max(1, samples // window_samples)
 
 
-def mixed_inputs(sc: SourceCatalog, window_samples: int, seed: int, epoch: int, shuffle: bool
+def mixed_inputs(sc: MixedShards, window_samples: int, seed: int, epoch: int, shuffle: bool
                  ) -> Iterator[WindowInput]:
     """The epoch's windows (before planning): each holds the next
     ``1/J`` of every source's epoch range. Reads one window's sidecar lengths
@@ -60,7 +61,7 @@ def mixed_inputs(sc: SourceCatalog, window_samples: int, seed: int, epoch: int, 
                           np.concatenate([none] + lens).astype(np.int64, copy=False), j == nwin - 1)
 
 
-def _cycle(sc: SourceCatalog, orders: dict, source: int, cycle: int, seed: int, shuffle: bool
+def _cycle(sc: MixedShards, orders: dict, source: int, cycle: int, seed: int, shuffle: bool
            ) -> tuple[np.ndarray, np.ndarray]:
     """(shard order (global ids), (k + 1,) sample edges) of one source cycle,
     keeping only the latest cycle of each source."""
@@ -75,6 +76,6 @@ def _cycle(sc: SourceCatalog, orders: dict, source: int, cycle: int, seed: int, 
     return orders[key]
 
 
-def source_of_shards(sc: SourceCatalog, shard_ids: np.ndarray) -> np.ndarray:
+def source_of_shards(sc: MixedShards, shard_ids: np.ndarray) -> np.ndarray:
     """(n,) int64 source of each (global) shard id."""
     return np.searchsorted(sc.bounds, np.asarray(shard_ids, dtype=np.int64), side="right") - 1

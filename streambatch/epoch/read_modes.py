@@ -1,16 +1,13 @@
 """The read-mode registry: the one place ``read_mode`` picks a strategy.
 
-``READ_MODES[name]`` is a ``ReadMode``: its ``plain`` plans one shard list's
-epoch and ``mixed`` a mix's (``mixes.py``), both with the elastic
-``segments`` of a resumed epoch; ``default_window`` is its window size when
-the user gives none, ``warm_up`` loads its planner before DataLoader workers
-fork, and ``rank_share`` says whether each rank streams only its own share
-of a window's bytes. ``"sample"``: each window planned across all ranks
-(``sample_mode.py``); ``"shard"``: each rank trains a contiguous piece of the
-window's shards (``shard_mode.py``). ``resolve_mode`` turns the user's
-``read_mode`` into one of them, once per dataset; ``iter_windows`` and
-``summarize`` dispatch on a config's; nothing else compares ``read_mode`` to
-choose a loop.
+``READ_MODES[name]`` is a ``ReadMode``, registered by the module that holds its window loop:
+``"sample"`` (``sample_loop.py``: each window planned across all ranks by the configured planner, a
+rank reading its samples by offset) and ``"shard"`` (``shard_loop.py``: each rank trains a contiguous
+piece of the window's samples, which it alone streams, planned by the shard-affine planner). Everything
+that depends on the mode asks its record: the planner its windows are planned with (whose options the
+configuration is checked against), its windows (one shard list or a mix), its default window, its
+warm-up, whether a rank streams only its share, and what it adds to the fingerprint. ``resolve_mode``
+turns the user's ``read_mode`` into one of them, once per dataset; nothing else compares ``read_mode``.
 
 Stream: ``Window`` objects (a window's plan and each rank's reads), in epoch order.
 """
@@ -19,39 +16,9 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
-
-from ...planners import plan_epoch
-from ...planners.elastic import Segments
-from .affinity.plan import warm_up as warm_up_affine
-from .sample_mode import WindowInput, plain_inputs, plan_windows
-from .shard_mode import affine_windows, plan_affine
-from .windows import EpochSummary, Window, WindowConfig, check_read_mode
-
-
-def _sample_plain(counts: np.ndarray, load_lengths: Callable[[int], np.ndarray], config: WindowConfig, epoch: int,
-                  segments: Segments = (), window_of: Callable[[int], int] | None = None) -> Iterator[Window]:
-    # a replanned rest keeps the epoch's window size: window_of is shard mode's
-    return plan_windows(plain_inputs(counts, load_lengths, config, epoch), config, epoch, segments)
-
-
-def _sample_mixed(inputs: Iterator[WindowInput], config: WindowConfig, epoch: int, segments: Segments,
-                  source_of: Callable[[np.ndarray], np.ndarray], num_sources: int) -> Iterator[Window]:
-    return plan_windows(inputs, config, epoch, segments, source_of, num_sources)
-
-
-def _shard_mixed(inputs: Iterator[WindowInput], config: WindowConfig, epoch: int, segments: Segments,
-                 source_of: Callable[[np.ndarray], np.ndarray], num_sources: int) -> Iterator[Window]:
-    return plan_affine(lambda _w: next(inputs, None), config, epoch, segments, source_of, num_sources)
-
-
-def _warm_sample(config: WindowConfig, world_size: int) -> None:
-    plan_epoch(np.ones(world_size, dtype=np.int64), config, 0)
-
-
-def _warm_shard(config: WindowConfig, world_size: int) -> None:
-    warm_up_affine(config.max_batch_tokens, config.max_batch_size, world_size, config.options)
 
 
 @dataclass(frozen=True)
@@ -62,36 +29,49 @@ class ReadMode:
         one shard list's windows; ``window_of(W)`` is the window size a run at
         W ranks used (shard mode's default follows W).
     mixed(inputs, config, epoch, segments, source_of, num_sources): a mix's
-        windows from its ``WindowInput`` stream.
+        windows from its ``WindowInput`` stream (``mixed_windows.py``).
     default_window(W): ``window_samples`` when the user gives none, at W ranks.
     warm_up(config, W): load (or compile) the planner now, so DataLoader
         workers forked later inherit it instead of each loading it again.
     rank_share: each rank streams only its own share (1/W) of a window's shards.
+    planner: the registered planner whose plans the windows are (its options
+        are the ones the configuration is checked against); None: the
+        configured planner.
+    fingerprint_tag: added to a configuration's fingerprint key (none for
+        ``"sample"``, so states saved before read modes existed still load).
     """
 
     name: str
-    plain: Callable[..., Iterator[Window]]
-    mixed: Callable[..., Iterator[Window]]
+    plain: Callable[..., Iterator[Any]]
+    mixed: Callable[..., Iterator[Any]]
     default_window: Callable[[int], int]
-    warm_up: Callable[[WindowConfig, int], None]
+    warm_up: Callable[[Any, int], None]
     rank_share: bool
+    planner: str | None = None
+    fingerprint_tag: tuple[str, ...] = ()
+
+    def planner_for(self, planner: str) -> str:
+        """The planner this mode plans with when the user chose ``planner``."""
+        return self.planner or planner
 
 
-# Window sizes when the user gives none: 20,000; in shard mode at least 2,500 per rank (each rank's own
-# samples must be many enough to cut balanced batches from: see bench/affinity.py). Module-level functions,
-# not lambdas: a dataset travels to spawned DataLoader workers by pickle.
-def _sample_window(world_size: int) -> int:
-    return 20_000
+# name -> ReadMode, in registration order (sample_loop.py, then shard_loop.py: epoch/__init__.py imports both)
+READ_MODES: dict[str, ReadMode] = {}
 
 
-def _shard_window(world_size: int) -> int:
-    return max(20_000, 2_500 * world_size)
+def register_read_mode(mode: ReadMode) -> ReadMode:
+    READ_MODES[mode.name] = mode
+    return mode
 
 
-READ_MODES: dict[str, ReadMode] = {
-    "sample": ReadMode("sample", _sample_plain, _sample_mixed, _sample_window, _warm_sample, False),
-    "shard": ReadMode("shard", affine_windows, _shard_mixed, _shard_window, _warm_shard, True),
-}
+def check_read_mode(mode: Any) -> str:
+    """A read mode name, or ValueError listing the valid ones."""
+    if not isinstance(mode, str) or mode not in READ_MODES:
+        raise ValueError(
+            f"read_mode must be one of {list(READ_MODES)} (or None to choose by URL: 'sample' for local files, "
+            f"'shard' for remote or pipe: URLs), got {mode!r}"
+        )
+    return mode
 
 
 def resolve_mode(read_mode: str | None, all_local: Callable[[], bool]) -> ReadMode:
@@ -102,13 +82,13 @@ def resolve_mode(read_mode: str | None, all_local: Callable[[], bool]) -> ReadMo
     return READ_MODES[check_read_mode(read_mode)]
 
 
-def iter_windows(counts: np.ndarray, load_lengths: Callable[[int], np.ndarray], config: WindowConfig,
-                 epoch: int) -> Iterator[Window]:
-    """Plan an epoch window by window.
+def iter_windows(counts: np.ndarray, load_lengths: Callable[[int], np.ndarray], config: Any,
+                 epoch: int) -> Iterator[Any]:
+    """Plan an epoch window by window, in ``config.read_mode``.
 
-    counts: (S,) int64 samples per shard; load_lengths(shard) -> (n,) int64.
-    Holds one window's arrays (plus at most one step of carried samples and
-    the held outliers).
+    counts: (S,) int64 samples per shard; load_lengths(shard) -> (n,) int64;
+    config: a ``WindowConfig``. Holds one window's arrays (plus at most one
+    step of carried samples and the held outliers).
 
     With shuffling, outliers (``outlier_limit``) are held back from window to window and
     planned together, in the last window or once they make a quarter of one:
@@ -119,18 +99,3 @@ def iter_windows(counts: np.ndarray, load_lengths: Callable[[int], np.ndarray], 
     Samples longer than ``config.max_length`` are left out and counted.
     """
     yield from READ_MODES[config.read_mode].plain(counts, load_lengths, config, epoch)
-
-
-def summarize(counts: np.ndarray, load_lengths: Callable[[int], np.ndarray], config: WindowConfig,
-              epoch: int) -> EpochSummary:
-    """Plan the whole epoch (lengths only) and count what it trains on."""
-    steps = padded = dropped = over = 0
-    per_window = []
-    for w in iter_windows(counts, load_lengths, config, epoch):
-        steps += w.num_steps
-        over += w.too_long
-        per_window.append(w.num_steps)
-        if w.last:
-            padded, dropped = w.plan.num_padded, w.plan.num_dropped
-    samples = int(counts.sum()) - dropped - over
-    return EpochSummary(epoch, steps, samples, padded, dropped, tuple(per_window), over)

@@ -1,6 +1,6 @@
 """Window planning (sample read mode) with elastic segments (pure numpy):
-the loop behind ``modes.iter_windows``, and the streaming side of
-``planners/elastic.py``.
+the loop behind ``READ_MODES["sample"]`` (registered here), and the windowed
+side of ``elastic.py``.
 
 An epoch's windows (``WindowInput``: the window's own samples; one shard list
 or a mix of sources) are planned one after another at the world size of the
@@ -19,14 +19,15 @@ Stream: ``Window`` objects in epoch order, each planned across all ranks (replan
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import numpy as np
 
-from ...core.validation import coerce_lengths
-from ...planners import plan_epoch
-from ...planners.elastic import Segments, remaining, truncate
-from .windows import EpochSummary, Window, WindowConfig, outlier_limit, shard_order, window_bounds, window_seed
+from ..core.validation import coerce_lengths
+from ..planners import plan_epoch
+from .elastic import Segments, remaining, truncate
+from .read_modes import ReadMode, register_read_mode
+from .windows import Window, WindowConfig, outlier_limit, shard_order, window_bounds, window_seed
 
 _U64 = 1 << 64
 _PIECE_TAG = 0x7069656365  # "piece"
@@ -108,7 +109,7 @@ def plan_windows(inputs: Iterator[WindowInput], config: WindowConfig, epoch: int
         lengths = coerce_lengths(np.concatenate([carry_len, win.lengths]))
         over = 0
         if config.max_length is not None:
-            keep = lengths <= config.max_length  # carried samples were kept already
+            keep = ~config.limits.too_long(lengths)  # the long-sample policy; carried samples were kept already
             over = int(keep.size - np.count_nonzero(keep))
             if over:
                 ids, local, lengths = ids[keep], local[keep], lengths[keep]
@@ -130,11 +131,10 @@ def plan_windows(inputs: Iterator[WindowInput], config: WindowConfig, epoch: int
                 seg += 1
                 seg_end = step + segments[seg][1] if seg < len(segments) else None
             # Each window is planned as epoch 0 of its own seed, so windows differ within an epoch too.
-            cfg = replace(config, world_size=world(), drop_last=config.drop_last if last else True,
-                          seed=piece_seed(config.seed, epoch, win.index, piece))
-            plan = plan_epoch(lengths, cfg, 0)
+            plan = plan_epoch(lengths, config, 0, world_size=world(), drop_last=config.drop_last if last else True,
+                              seed=piece_seed(config.seed, epoch, win.index, piece))
             if source_of is not None:
-                from ...planners.interleave import interleave_steps  # lazy for start-up: no numba before the first plan
+                from .interleave import interleave_steps  # lazy for start-up: no numba before the first plan
 
                 plan = interleave_steps(plan, source_of(ids), num_sources)
             if seg_end is None or step + plan.num_steps <= seg_end:
@@ -158,15 +158,25 @@ def plan_windows(inputs: Iterator[WindowInput], config: WindowConfig, epoch: int
                          "the state does not belong to these shards and settings")
 
 
-def summarize_windows(windows: Iterator[Window], samples: int, epoch: int) -> EpochSummary:
-    """An EpochSummary of planned windows; ``samples``: the epoch's samples
-    (before drop and max_length). ``window_steps`` counts every planned piece."""
-    steps = padded = dropped = over = 0
-    per_window = []
-    for w in windows:
-        steps += w.num_steps
-        over += w.too_long
-        per_window.append(w.num_steps)
-        if w.last:
-            padded, dropped = w.plan.num_padded, w.plan.num_dropped
-    return EpochSummary(epoch, steps, samples - dropped - over, padded, dropped, tuple(per_window), over)
+def _plain(counts: np.ndarray, load_lengths: Callable[[int], np.ndarray], config: WindowConfig, epoch: int,
+           segments: Segments = (), window_of: Callable[[int], int] | None = None) -> Iterator[Window]:
+    # a replanned rest keeps the epoch's window size: window_of is shard mode's
+    return plan_windows(plain_inputs(counts, load_lengths, config, epoch), config, epoch, segments)
+
+
+def _mixed(inputs: Iterator[WindowInput], config: WindowConfig, epoch: int, segments: Segments,
+           source_of: Callable[[np.ndarray], np.ndarray], num_sources: int) -> Iterator[Window]:
+    return plan_windows(inputs, config, epoch, segments, source_of, num_sources)
+
+
+def _warm_up(config: WindowConfig, world_size: int) -> None:
+    plan_epoch(np.ones(world_size, dtype=np.int64), config, 0)
+
+
+# Window sizes when the user gives none: 20,000. Module-level functions, not lambdas: a dataset travels to
+# spawned DataLoader workers by pickle.
+def _default_window(world_size: int) -> int:
+    return 20_000
+
+
+SAMPLE = register_read_mode(ReadMode("sample", _plain, _mixed, _default_window, _warm_up, rank_share=False))

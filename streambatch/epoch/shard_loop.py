@@ -1,13 +1,13 @@
 """An epoch of shard-affine windows (``read_mode="shard"``), with elastic
-segments: the loop behind ``modes.iter_windows`` in shard mode, and behind
-mixed sources in shard mode.
+segments: the loop behind ``READ_MODES["shard"]`` (registered here), for one
+shard list and for mixed sources.
 
 Without segments each window (>= W shards of the epoch's shard order; or,
-for a mix, the window's share of every source's quota) is planned by
-``affinity.plan_affine_window``, its leftover carried, with its holder,
-into the next window. A mix's window cuts each source's part into W pieces
-on its own (``affinity.group_cuts``), and its steps are interleaved by
-source as in sample mode.
+for a mix, the window's share of every source's quota) is planned by the
+shard-affine planner (``planners/shard_affine``: ``plan_affine_window``), its
+leftover carried, with its holder, into the next window. A mix's window cuts
+each source's part into W pieces on its own (``group_cuts``), and its steps
+are interleaved by source as in sample mode.
 
 Elastic resume (segments: the finished ``(world_size, steps)`` runs of the
 epoch; the current world is ``config.world_size``). The epoch is replayed
@@ -15,8 +15,9 @@ at the old world size up to the step where its segment ended, then:
 
 - **Inside a window**, the window's plan is cut after the trained steps and
   its untrained samples (and what it would have carried) are finished in
-  *sample mode* at the new world size: planned across all ranks with the
-  bucketed planner (the options shard mode validated), each rank fetching
+  *sample mode* at the new world size: planned across all ranks by the
+  planner the shard-affine planner pools with (``CROSS_RANK_PLANNER``,
+  under the same batch rule and options), each rank fetching
   its samples by ranged reads, a one-off extra cost of at most one window's
   bytes. Seeds come from (seed, epoch, window, piece) like sample mode's.
 - **On a window boundary**, nothing is replanned.
@@ -39,11 +40,12 @@ from dataclasses import replace
 
 import numpy as np
 
-from ...core.plan import Plan
-from ...planners import plan_epoch
-from ...planners.elastic import Segments, remaining, truncate
-from .affinity.plan import foreign_samples, plan_affine_window
-from .sample_mode import WindowInput, piece_seed
+from ..core.plan import Plan
+from ..core.registry import get_planner
+from ..planners.shard_affine.planner import CROSS_RANK_PLANNER, foreign_samples, plan_affine_window, warm_up
+from .elastic import Segments, remaining, truncate
+from .read_modes import ReadMode, register_read_mode
+from .sample_loop import WindowInput, piece_seed
 from .windows import Window, WindowConfig, shard_order, window_bounds, window_seed
 
 UNHELD = -1  # holder of a carried sample whose bytes no rank of this world holds
@@ -115,7 +117,7 @@ def plan_affine(next_input: Callable[[int], WindowInput | None], config: WindowC
         return segments[seg][0] if seg < len(segments) else config.world_size
 
     def mixed(plan: Plan, ids: np.ndarray) -> Plan:
-        from ...planners.interleave import interleave_steps  # lazy for start-up: no numba before the first plan
+        from .interleave import interleave_steps  # lazy for start-up: no numba before the first plan
 
         return plan if source_of is None else interleave_steps(plan, source_of(ids), num_sources)
 
@@ -143,9 +145,8 @@ def plan_affine(next_input: Callable[[int], WindowInput | None], config: WindowC
             while True:
                 seg += 1
                 seg_end = step + segments[seg][1] if seg < len(segments) else None
-                cfg = replace(config, world_size=world(), drop_last=config.drop_last if last else True,
-                              seed=piece_seed(config.seed, epoch, j, piece), planner="bucketed", read_mode="sample")
-                plan = mixed(plan_epoch(lengths, cfg, 0), ids)
+                plan = mixed(_across_ranks(lengths, config, world(), config.drop_last if last else True,
+                                           piece_seed(config.seed, epoch, j, piece)), ids)
                 if seg_end is None or step + plan.num_steps <= seg_end:
                     break
                 cut = seg_end - step  # another resize inside the replanned rest
@@ -185,7 +186,7 @@ def _affine_window(new: WindowInput, config: WindowConfig, w: int, epoch: int, s
     kept = np.arange(new_len.shape[0], dtype=np.int64)
     over = 0
     if config.max_length is not None:
-        kept = np.flatnonzero(new_len <= config.max_length)
+        kept = np.flatnonzero(~config.limits.too_long(new_len))  # the long-sample policy
         over = int(new_len.shape[0] - kept.shape[0])
     unheld = carry_holder == UNHELD
     holder_in = np.where(unheld, np.cumsum(unheld) - 1, carry_holder) % max(w, 1)
@@ -193,9 +194,9 @@ def _affine_window(new: WindowInput, config: WindowConfig, w: int, epoch: int, s
     if source_of is not None:
         src = source_of(new.ids[kept])
         groups = np.flatnonzero(np.diff(src, prepend=-1, append=-1)).astype(np.int64)
-    aw = plan_affine_window(carry_len, holder_in, new_len[kept], config.max_batch_tokens, config.max_batch_size,
-                            w, config.shuffle, new.last, config.drop_last, window_seed(config.seed, epoch, new.index),
-                            dict(config.planner_options), groups)
+    aw = plan_affine_window(carry_len, holder_in, new_len[kept], config.limits, w, config.shuffle, new.last,
+                            config.drop_last, window_seed(config.seed, epoch, new.index),
+                            config.resolved_options["bucket_width"], groups)
     c = carry_ids.shape[0]
     ids = np.concatenate([carry_ids, new.ids[kept]])
     local = np.concatenate([carry_local, new.local[kept]])
@@ -222,6 +223,14 @@ def _affine_window(new: WindowInput, config: WindowConfig, w: int, epoch: int, s
     return win, lengths, held
 
 
+def _across_ranks(lengths: np.ndarray, config: WindowConfig, w: int, drop_last: bool, seed: int) -> Plan:
+    """The untrained rest of a window cut by a resize, planned across all ranks of the new world (as sample
+    mode plans a window) by ``CROSS_RANK_PLANNER``, under the configuration's batch rule and options."""
+    planner = get_planner(CROSS_RANK_PLANNER)
+    return planner.run(lengths, config.limits.bind(lengths, w), w, config.shuffle, drop_last, seed, 0,
+                       config.resolved_options)
+
+
 def _fetch_rows(plan: Plan, ids: np.ndarray, local: np.ndarray) -> np.ndarray:
     """(k, 4) int64 rows (rank, shard, lo, lo + 1) of a sample-mode piece:
     every (rank, sample) it trains, one ranged read each, sorted by rank."""
@@ -244,3 +253,22 @@ def run_reads(ids: np.ndarray, local: np.ndarray, rank: np.ndarray) -> np.ndarra
     ends = np.append(starts[1:], n)
     rows = np.stack([rank[starts], ids[starts], local[starts], local[ends - 1] + 1], axis=1).astype(np.int64)
     return rows[np.argsort(rows[:, 0], kind="stable")]
+
+
+def _mixed(inputs: Iterator[WindowInput], config: WindowConfig, epoch: int, segments: Segments,
+           source_of: Callable[[np.ndarray], np.ndarray], num_sources: int) -> Iterator[Window]:
+    return plan_affine(lambda _w: next(inputs, None), config, epoch, segments, source_of, num_sources)
+
+
+def _warm_up(config: WindowConfig, world_size: int) -> None:
+    warm_up(config.limits, world_size, config.resolved_options["bucket_width"])
+
+
+# Window sizes when the user gives none: at least 2,500 per rank (each rank's own samples must be many enough
+# to cut balanced batches from: see bench/affinity.py). Module-level, not a lambda: datasets travel by pickle.
+def _default_window(world_size: int) -> int:
+    return max(20_000, 2_500 * world_size)
+
+
+SHARD = register_read_mode(ReadMode("shard", affine_windows, _mixed, _default_window, _warm_up, rank_share=True,
+                                    planner="shard_affine", fingerprint_tag=("shard",)))

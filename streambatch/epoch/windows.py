@@ -1,5 +1,6 @@
-"""Window-by-window planning of an epoch over shards (pure numpy; no torch,
-no I/O beyond the ``load_lengths`` callback).
+"""The vocabulary of window-by-window planning (pure numpy; no torch, no I/O
+beyond the ``load_lengths`` callback): ``WindowConfig``, the cuts and seeds
+of an epoch's windows, the ``Window`` a loop yields, the ``EpochSummary``.
 
 Each epoch the shard order is a permutation drawn from (seed, epoch).
 Consecutive shards form windows of at least ``window_samples`` samples (a
@@ -17,10 +18,10 @@ bounded by one step and counted.
 With ``read_mode="shard"`` (remote shards) a window instead deals its
 samples to ranks in contiguous pieces of whole and cut shards, and plans
 steps in which every rank's batch holds only samples of its own pieces
-(``streaming/epoch/affinity/plan.py`` has the design): each shard byte is read by one rank.
-Windows then also hold at least W shards, so that cutting adds at most one
-ranged read per shard. That epoch loop, with elastic resume, is
-``streaming/epoch/shard_mode.py``.
+(``planners/shard_affine/planner.py`` has the design): each shard byte is read
+by one rank. Windows then also hold at least W shards, so that cutting adds at
+most one ranged read per shard. That epoch loop, with elastic resume, is
+``shard_loop.py``; the sample-mode loop is ``sample_loop.py``.
 
 Everything is a pure function of (lengths, config, epoch), so every rank and
 every DataLoader worker computes the same windows without talking.
@@ -29,30 +30,41 @@ Stream: an epoch's shard order cut into windows (bounds, seeds, outlier holding)
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
-from ...core.config import PlanConfig
-from ...core.long_samples import check_max_length
-from ...core.plan import Plan
-from ...core.validation import check_int
-from ...planners import RECOMMENDED
+from ..core.config import PlanConfig
+from ..core.long_samples import check_max_length
+from ..core.mix import Mix
+from ..core.plan import Plan
+from ..core.validation import check_int
+from ..planners import RECOMMENDED
+from .read_modes import READ_MODES, check_read_mode, iter_windows
 
 _U64 = 1 << 64
-MODE_NAMES = ("sample", "shard")  # the strategies are epoch/modes.py READ_MODES
 
 
-def check_read_mode(mode: Any) -> str:
-    """A read mode name, or ValueError listing the valid ones."""
-    if not isinstance(mode, str) or mode not in MODE_NAMES:
-        raise ValueError(
-            f"read_mode must be one of {list(MODE_NAMES)} (or None to choose by URL: 'sample' for local files, "
-            f"'shard' for remote or pipe: URLs), got {mode!r}"
-        )
-    return mode
+class ShardCatalog(Protocol):
+    """What planning reads of a shard catalog (``streaming.shards.catalog.Catalog``): no bytes, lengths only."""
+
+    counts: np.ndarray  # (S,) int64 samples per shard
+    num_samples: int
+
+    def lengths(self, shard: int) -> np.ndarray: ...  # (n,) the shard's sample lengths, in tar order
+
+    def fingerprint(self) -> str: ...
+
+
+class MixedShards(Protocol):
+    """A mix of shard lists as one catalog (``streaming.shards.sources.SourceCatalog``): source i owns
+    shards ``bounds[i]:bounds[i + 1]`` of ``catalog``; ``mix``: its sizes and per-epoch quotas."""
+
+    catalog: ShardCatalog
+    bounds: np.ndarray
+    mix: Mix
 
 
 @dataclass(frozen=True, init=False)
@@ -85,13 +97,18 @@ class WindowConfig(PlanConfig):
 
     @classmethod
     def _options_planner(cls, planner: str, extra: Mapping[str, Any]) -> str:
-        # shard mode plans with its own walk, which takes the bucketed planner's options
-        return "bucketed" if extra.get("read_mode") == "shard" else planner
+        # the read mode says which planner its windows are planned with (shard mode: the shard-affine walk)
+        mode = READ_MODES.get(extra.get("read_mode", "sample"))
+        return planner if mode is None else mode.planner_for(planner)
+
+    @property
+    def mode_tag(self) -> tuple[str, ...]:
+        """What the read mode adds to fingerprint keys (nothing for ``"sample"``)."""
+        return READ_MODES[self.read_mode].fingerprint_tag
 
     def key(self) -> tuple:
         # sample mode keeps its key, so states saved before read_mode existed still load
-        key = super().key() + (self.window_samples,)
-        key = key if self.read_mode == "sample" else key + (self.read_mode,)
+        key = super().key() + (self.window_samples,) + self.mode_tag
         # flat (a nested tuple cannot be hashed by config_fingerprint: StreamingBatches(max_length=...) failed)
         return key if self.max_length is None else key + ("max_length", self.max_length)
 
@@ -100,9 +117,11 @@ class WindowConfig(PlanConfig):
 class Window:
     """One planned window.
 
-    plan: the window's Plan; its sample indices address the arrays below.
-    shard_ids: (n,) int64 shard of each planned sample (carried ones first).
-    local: (n,) int64 index of that sample within its shard's sidecar.
+    plan: the window's Plan; its sample indices address the arrays below
+        (an in-memory source's one window: the dataset's indices).
+    shard_ids: (n,) int64 shard of each planned sample (carried ones first;
+        None in memory).
+    local: (n,) int64 index of that sample within its shard's sidecar (None in memory).
     first_step: epoch step index of the window's first step.
     too_long: samples of the window's shards longer than ``max_length``, not planned.
     holder: shard mode only: (n,) int64 rank that streams (or carried in)
@@ -122,8 +141,8 @@ class Window:
     index: int
     first_step: int
     plan: Plan
-    shard_ids: np.ndarray
-    local: np.ndarray
+    shard_ids: np.ndarray | None
+    local: np.ndarray | None
     last: bool
     holder: np.ndarray | None = None
     reads: np.ndarray | None = None
@@ -169,6 +188,29 @@ class EpochSummary:
     dropped: int
     window_steps: tuple[int, ...]
     too_long: int = 0
+
+
+def summarize_windows(windows: Iterator[Window], samples: int, epoch: int) -> EpochSummary:
+    """An EpochSummary of planned windows; ``samples``: the epoch's samples
+    (before drop and max_length). ``window_steps`` counts every planned piece;
+    ``steps`` is where the last window ends (the steps of earlier elastic
+    segments included, also when, as in memory, only the current one is planned)."""
+    steps = padded = dropped = over = 0
+    per_window = []
+    for w in windows:
+        steps = w.first_step + w.num_steps
+        over += w.too_long
+        per_window.append(w.num_steps)
+        if w.last:
+            padded, dropped = w.plan.num_padded, w.plan.num_dropped
+    return EpochSummary(epoch, steps, samples - dropped - over, padded, dropped, tuple(per_window), over)
+
+
+def summarize(counts: np.ndarray, load_lengths: Callable[[int], np.ndarray], config: WindowConfig,
+              epoch: int) -> EpochSummary:
+    """Plan the whole epoch of one shard list (lengths only: ``read_modes.iter_windows``) and count what it
+    trains on. counts: (S,) int64 samples per shard; load_lengths(shard) -> (n,) int64."""
+    return summarize_windows(iter_windows(counts, load_lengths, config, epoch), int(counts.sum()), epoch)
 
 
 def worker_steps(lo: int, hi: int, start: int, stride: int) -> range:

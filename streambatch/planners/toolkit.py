@@ -1,8 +1,12 @@
-"""What every bucketed kernel shares: the helper decorator, counter-based
-draws, the integer batch cost and array allocation.
+"""The kernel toolkit every planner shares: the helper decorators, array
+allocation, the one integer batch cost, counter-based draws, sorting,
+shuffles and the seed words their keys derive from. Every
+planner imports from here; no planner imports a sibling
+(``tests/test_import_graph.py``).
 
 Batch costs are integers (see ``core/cost.py``), ``count * L * (ca * L + cb)``
-with the model's coefficients (ca, cb):
+with the model's coefficients ``(ca, cb) = CostModel.coefficients``, the one
+encoding of the cost formula kernels take:
 
     linear (0, 1): count * L      quadratic (1, 0): count * L**2
     quadratic_duration (1, q): count * L * (q + L)   (= q * count * (L + L**2 / q))
@@ -44,8 +48,7 @@ Compile time (a cold first call compiles every kernel) shapes this code:
 - no Numba-level inlining (``inline="always"``) of kernel helpers, though
   it saves their separate compiles: into bucket_sort it halved planning
   speed (4M samples: 0.09 -> 0.19 s), into plan_steps its type inference
-  grew by more than the helpers' compiles saved. ``_inline`` is for the
-  test wrappers' ``_coefficients`` only.
+  grew by more than the helpers' compiles saved.
 """
 
 from __future__ import annotations
@@ -60,8 +63,6 @@ _I64_MAX = np.int64(np.iinfo(np.int64).max)  # a typed global: np.iinfo compiles
 # compile for them, and no cache entry of their own (a cached kernel holds
 # its helpers' code, linked in; saving theirs cost ~0.15 s of a cold call).
 _helper = njit(no_cpython_wrapper=True, no_cfunc_wrapper=True, error_model="numpy")
-# Inlined into the caller's Numba IR (typed and compiled with it): see above.
-_inline = njit(inline="always", no_cpython_wrapper=True, no_cfunc_wrapper=True, error_model="numpy")
 
 
 @_helper
@@ -90,18 +91,10 @@ def _cost(ca, cb, count, max_len):
     return count * max_len * (ca * max_len + cb)
 
 
-@_inline
-def _coefficients(code, q):
-    """(ca, cb) of ``CostModel.code`` and ``q``, for the Python-callable
-    wrappers (the plan layer passes ``CostModel.coefficients``)."""
-    return np.int64(code != 0), np.int64(1 if code == 0 else q if code == 2 else 0)
-
-
 @njit(cache=True, no_cfunc_wrapper=True, error_model="numpy")
-def batch_cost(code, q, count, max_len):
-    """``_cost`` callable from Python (tests and callers outside kernels)."""
-    ca, cb = _coefficients(code, q)
-    return _cost(ca, cb, np.int64(count), np.int64(max_len))
+def batch_cost(ca, cb, count, max_len):
+    """``_cost`` callable from Python (tests: ``CostModel.scaled`` is its numpy twin)."""
+    return _cost(np.int64(ca), np.int64(cb), np.int64(count), np.int64(max_len))
 
 
 @_helper
@@ -128,3 +121,104 @@ def _grow(a, used, size):
     for i in range(used, size):
         grown[i] = 0
     return grown
+
+
+# ------------------------------------------------------------------ sorting
+
+_DIGIT_BITS = 11  # 2,048 buckets: the histogram stays in L1 cache
+_RADIX = 1 << _DIGIT_BITS
+
+
+@_helper
+def _radix_argsort(keys, out, tmp):
+    """Stable argsort of non-negative int64 ``keys`` into ``out``.
+
+    keys: (n,) int64 >= 0. out, tmp: (>= n,) integer scratch; the sorted
+    indices land in ``out[:n]``. Returns nothing. O(n * passes) with one
+    11-bit digit per pass; passes whose digit is constant are skipped.
+    """
+    n = keys.shape[0]
+    for i in range(n):
+        out[i] = i
+    if n < 2:
+        return
+    kmax = 0
+    for i in range(n):
+        if keys[i] > kmax:
+            kmax = keys[i]
+    counts = _zeros(np.int64(_RADIX))  # np.int64: a literal argument is one more specialisation
+    src = out
+    dst = tmp
+    in_tmp = False  # numba cannot compare arrays by identity, so track parity
+    shift = 0
+    while (kmax >> shift) > 0:
+        for d in range(_RADIX):
+            counts[d] = 0
+        for i in range(n):
+            counts[(keys[src[i]] >> shift) & (_RADIX - 1)] += 1
+        nonzero = 0
+        for d in range(_RADIX):
+            if counts[d] > 0:
+                nonzero += 1
+        if nonzero > 1:
+            total = 0
+            for d in range(_RADIX):
+                c = counts[d]
+                counts[d] = total
+                total += c
+            for i in range(n):
+                s = src[i]
+                d = (keys[s] >> shift) & (_RADIX - 1)
+                dst[counts[d]] = s
+                counts[d] += 1
+            src, dst = dst, src
+            in_tmp = not in_tmp
+        shift += _DIGIT_BITS
+    if in_tmp:
+        for i in range(n):
+            out[i] = src[i]
+
+
+@njit(cache=True, no_cfunc_wrapper=True, error_model="numpy")
+def radix_argsort(keys, out, tmp):
+    """``_radix_argsort`` callable from Python (tests): kernels call the
+    helper, which has no CPython wrapper to compile on the first plan."""
+    _radix_argsort(keys, out, tmp)
+
+
+# ------------------------------------------------------------------ shuffles
+
+
+@njit(cache=True, no_cfunc_wrapper=True, error_model="numpy")
+def step_permutation(n_steps, key):
+    """(n_steps,) int64 Fisher-Yates permutation drawn from ``key``."""
+    perm = _new(n_steps)
+    for i in range(n_steps):
+        perm[i] = i
+    for i in range(n_steps - 1, 0, -1):
+        j = _below(key, i, i + 1)
+        t = perm[i]
+        perm[i] = perm[j]
+        perm[j] = t
+    return perm
+
+
+# ------------------------------------------------------------------ keys (plain Python)
+
+_MASK32 = 0xFFFFFFFF
+
+
+def seed_key(seed: int) -> np.ndarray:
+    """The ``init_by_array`` key CPython derives from an integer seed.
+
+    CPython seeds with ``abs(seed)`` split into 32-bit little-endian words
+    (``[0]`` for zero). Done in Python because seeds are arbitrary-size ints.
+
+    Returns: (n_words,) uint32.
+    """
+    n = abs(int(seed))
+    words = []
+    while n:
+        words.append(n & _MASK32)
+        n >>= 32
+    return np.array(words or [0], dtype=np.uint32)

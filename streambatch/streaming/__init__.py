@@ -2,13 +2,14 @@
 
 ``StreamingBatches`` (``dataset.py``) wires the stages, one sub-package each, lowest first: ``formats``
 (tar bytes -> samples), ``io`` (bytes of local and remote shards), ``runtime`` (counters shared with DataLoader
-workers, the cross-rank failure channel), ``shards`` (URLs -> catalog), ``epoch`` (catalog + epoch -> planned
-windows), ``pipeline`` (one pass: windows -> this rank's steps -> bytes -> samples -> batches).
+workers, the cross-rank failure channel), ``shards`` (URLs -> catalog), ``pipeline`` (one pass: windows -> this
+rank's steps -> bytes -> samples -> batches). The planned windows come from the plan layer,
+``streambatch.epoch`` (catalog + epoch -> windows): this package touches bytes, it does not plan.
 
 Stream: batches (``StreamingBatches``); the names below are the public API."""
 
+from ..epoch.windows import EpochSummary
 from .dataset import StreamingBatches
-from .epoch.windows import EpochSummary
 from .errors import CacheError, ShardError
 from .formats.audio import collate_audio, decode_audio
 from .formats.packed import collate_packed

@@ -1,9 +1,9 @@
 """``StreamingBatches``: the torch ``IterableDataset`` that wires the streaming stages.
 
 Constructor: options (``options.py``) -> shard lists, URLs expanded once (``shards/lists.py``) -> the read mode's
-strategy (``epoch/modes.py``) -> catalog (``shards/catalog.py``) -> epoch plan (``epoch/plan.py``). Each pass:
-windows -> this rank's steps (``pipeline/steps.py``) -> byte reads (``pipeline/reads.py``) -> samples, decode,
-skip (``pipeline/samples.py``) -> collate.
+strategy (``epoch/read_modes.py``) -> catalog (``shards/catalog.py``) -> epoch plan (``epoch/epoch_plan.py``, the
+plan layer). Each pass: windows -> this rank's steps (``pipeline/steps.py``) -> byte reads (``pipeline/reads.py``)
+-> samples, decode, skip (``pipeline/samples.py``) -> collate.
 
 Stream: batches: this rank's (and DataLoader worker's) steps of the epoch, in step order."""
 
@@ -19,12 +19,12 @@ from ..core.long_samples import check_max_length
 from ..core.redact import scrub_exception
 from ..core.types import FlagLike, IntLike, LengthFrom, NumberLike, UrlsLike
 from ..core.validation import check_int
+from ..epoch.epoch_plan import EpochPlan
+from ..epoch.read_modes import resolve_mode
+from ..epoch.windows import EpochSummary, WindowConfig
 from ..planners import RECOMMENDED
 from ..torch_glue.distributed import agree, guess_world, is_distributed, resolve_world, will_check
 from ..torch_glue.guard import check_not_prepared
-from .epoch.modes import resolve_mode
-from .epoch.plan import EpochPlan
-from .epoch.windows import EpochSummary, WindowConfig
 from .io.remote_io import RemoteIO, check_identity
 from .io.retry import RetryPolicy
 from .options import Options
@@ -62,7 +62,7 @@ class StreamingBatches(IterableDataset):
     read_mode: ``"sample"`` (each window planned across all ranks; a rank reads its samples by offset: local
         files), ``"shard"`` (each rank trains a contiguous piece of the window's shards, which it alone streams:
         each byte crosses the network once per epoch; the bucketed planner's options) or None: ``"sample"`` when
-        every URL is a local file, else ``"shard"`` (``epoch/modes.py``).
+        every URL is a local file, else ``"shard"`` (``epoch/read_modes.py``).
     rank, world_size: default to ``torch.distributed`` when initialised, else 0/1 (an error when a launcher started
         several processes, or with ``rank=None`` and ``world_size > 1``).
     verify: under torch.distributed with world_size > 1, all ranks check at construction (and in a main-process
@@ -132,7 +132,7 @@ class StreamingBatches(IterableDataset):
                     check_identity(self.catalog, self.rank, world, o.remote.storage_options, o.remote.retry)
                 self.remote = RemoteIO.for_catalog(self.catalog, self.rank, o.remote, world,
                                                    self.config.window_samples, mode.rank_share)
-                self.plan = EpochPlan(self.catalog, self.sources, self.config, mode, window_samples is None)
+                self.plan = EpochPlan.over_shards(self.catalog, self.sources, self.config, mode, window_samples is None)
                 self.fingerprint = self.plan.fingerprint_at(world)
                 check_samples(self.catalog, self.config.max_length, long_samples)
             except Exception as exc:

@@ -14,13 +14,12 @@ from streambatch import DynamicBatchSampler, make_plan
 from streambatch.core import state as S
 from streambatch.core.config import PlanConfig
 from streambatch.core.plan import config_fingerprint
+from streambatch.epoch.windows import WindowConfig
 from streambatch.streaming import StreamingBatches, index_shards, sidecar_path
-from streambatch.streaming.epoch.windows import WindowConfig
 from streambatch.streaming.shards.sidecar import read_arrays
-
-from helpers import Echo, lognormal_lengths
-from roundtrip import check_state_roundtrip
-from shards import FPS, write_corpus
+from tests.support.helpers import Echo, lognormal_lengths
+from tests.support.roundtrip import check_state_roundtrip
+from tests.support.shards import FPS, write_corpus
 
 BUDGET, CAP, WINDOW = 400, 12, 90
 

@@ -22,9 +22,8 @@ import pytest
 from streambatch import DynamicBatchSampler
 from streambatch.planners import PLANNERS
 from streambatch.streaming import StreamingBatches, index_shards
-
-from helpers import lognormal_lengths
-from shards import FPS, write_corpus
+from tests.support.helpers import lognormal_lengths
+from tests.support.shards import FPS, write_corpus
 
 LENGTHS = lognormal_lengths(400, seed=21)
 BUDGET, CAP, WINDOW = 400, 4, 90  # streaming: a few samples a batch, so each world takes several steps

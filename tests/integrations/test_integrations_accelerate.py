@@ -18,10 +18,19 @@ from torch.utils.data import DataLoader
 from streambatch import DynamicBatchSampler, StreamingBatches
 from streambatch.integrations import FixedLengthEpochs, GlobalBatchSampler
 from streambatch.streaming import index_shards
-
-from helpers import Echo, free_port
-from shards import FPS, write_corpus
-from trainer_runs import BUDGET, CAP, WORLD, check_epoch, lengths, plain_ddp, rank_env, read_ranks, write_json
+from tests.support.helpers import Echo, free_port
+from tests.support.shards import FPS, write_corpus
+from tests.support.trainer_runs import (
+    BUDGET,
+    CAP,
+    WORLD,
+    check_epoch,
+    lengths,
+    plain_ddp,
+    rank_env,
+    read_ranks,
+    write_json,
+)
 
 
 def sampler(rank=0, planner="greedy", **kw):

@@ -17,9 +17,8 @@ from streambatch.planners import PLANNERS
 from streambatch.streaming import ShardError, StreamingBatches, collate_audio, index_shards, sidecar_path
 from streambatch.streaming.shards.lengths import length_spec
 from streambatch.streaming.shards.sidecar import read_arrays, shard_stat, write_sidecar
-
-from roundtrip import check_state_roundtrip
-from shards import FPS, SAMPLE_RATE, write_corpus
+from tests.support.roundtrip import check_state_roundtrip
+from tests.support.shards import FPS, SAMPLE_RATE, write_corpus
 
 SIZES = [37, 23, 41, 0, 29, 35, 18, 44, 31, 26, 39, 22]
 BUDGET, CAP = 400, 12
@@ -87,7 +86,7 @@ def test_windows_carry_leftovers_instead_of_ragged_steps(corpus):
 
 
 def test_window_bounds():
-    from streambatch.streaming.epoch.windows import window_bounds
+    from streambatch.epoch.windows import window_bounds
 
     assert window_bounds(np.array([5, 5, 5, 5, 5]), 10).tolist() == [0, 2, 4, 5]  # 5 is half: its own window
     assert window_bounds(np.array([5, 5, 5, 5, 1]), 10).tolist() == [0, 2, 5]
@@ -99,8 +98,8 @@ def test_window_bounds():
 def test_balance_efficiency_on_audio_like_lengths():
     """Lengths-only planning over 100 shards of log-normal 0.5-30 s utterances
     at 50 frames/s, with the default window."""
-    from streambatch.streaming.epoch.modes import iter_windows
-    from streambatch.streaming.epoch.windows import WindowConfig
+    from streambatch.epoch.read_modes import iter_windows
+    from streambatch.epoch.windows import WindowConfig
 
     rng = np.random.default_rng(0)
     counts = np.full(100, 500, dtype=np.int64)
@@ -127,7 +126,7 @@ def test_deterministic_and_epochs_differ(corpus):
     other_seed = run_ranks(corpus, 2, epoch=1, seed=7)
     assert other_seed != a
     # the shard order really is shuffled per epoch, and seeded
-    from streambatch.streaming.epoch.windows import shard_order
+    from streambatch.epoch.windows import shard_order
 
     orders = {tuple(shard_order(12, 42, e, True)) for e in range(4)}
     assert len(orders) == 4 and tuple(shard_order(12, 42, 0, True)) == tuple(shard_order(12, 42, 0, True))

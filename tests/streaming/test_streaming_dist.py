@@ -13,14 +13,12 @@ import pytest
 import torch.multiprocessing as mp
 
 from streambatch.streaming import StreamingBatches, index_shards
-
-from helpers import TESTS, free_port
-from launch_torchrun import BUDGET, CAP, WINDOW, run_rank
-from shards import FPS, write_corpus
+from tests.support.helpers import ROOT, SUPPORT, free_port
+from tests.support.launch_torchrun import BUDGET, CAP, WINDOW, run_rank
+from tests.support.shards import FPS, write_corpus
 
 pytestmark = pytest.mark.slow  # real multi-process runs
 
-HERE = TESTS
 
 
 @pytest.fixture(scope="module")
@@ -70,11 +68,11 @@ def _spawned(rank, world, init_method, pattern, out_dir):
 
 def test_two_nodes_by_torchrun(corpus, tmp_path):
     port = free_port()
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join([HERE, os.path.dirname(HERE)]))
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=ROOT)
     procs = [
         subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--node-rank", str(i),
                           "--nproc-per-node", "2", "--master-addr", "127.0.0.1", "--master-port", str(port),
-                          os.path.join(HERE, "launch_torchrun.py"), corpus[0], str(tmp_path)],
+                          os.path.join(SUPPORT, "launch_torchrun.py"), corpus[0], str(tmp_path)],
                          env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
         for i in range(2)
     ]

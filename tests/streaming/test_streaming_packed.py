@@ -16,9 +16,8 @@ from torch.utils.data import DataLoader
 from streambatch import collate_packed
 from streambatch.streaming import StreamingBatches, index_shards
 from streambatch.streaming.shards.sources import Source
-
-from roundtrip import check_state_roundtrip
-from shards import FPS, SAMPLE_RATE, write_corpus
+from tests.support.roundtrip import check_state_roundtrip
+from tests.support.shards import FPS, SAMPLE_RATE, write_corpus
 
 SIZES = [37, 23, 41, 0, 29, 35, 18, 44, 31, 26, 39, 22, 30, 27]
 BUDGET, CAP = 400, 12

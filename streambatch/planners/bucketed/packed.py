@@ -10,7 +10,7 @@ sample over the budget is a batch of its own, as in padded planning), and a
 micro-batch costs ``sum(c1 * L + c2 * L**2)`` (``CostModel.packed_cost``),
 not ``B * max(L)**2``.
 
-How (``kernels.pack_steps``): samples are ordered by a jittered length (the
+How (``packed_steps.pack_steps``): samples are ordered by a jittered length (the
 length times a random factor in [1, 1 + bucket_width), drawn from (seed,
 epoch)), so that near-equal lengths trade places from epoch to epoch; every
 step then fills its W bins best-fit decreasing, serving the least costly bin
@@ -30,9 +30,9 @@ from __future__ import annotations
 import numpy as np
 
 from ...core import compile_once as once  # called as once.compile_once: tests swap it
-from ...core.cost import INT64_MAX, CostModel
-from ...core.plan import Plan, assemble, finish_last_step
-from ..greedy.plan import index_dtype
+from ...core.constraint import BatchConstraint
+from ...core.cost import INT64_MAX
+from ...core.plan import Plan, assemble, finish_last_step, index_dtype
 
 _U64 = 1 << 64
 _TAG = 0x7061636B  # "pack": keeps these draws apart from the other planners' and windows' seeds
@@ -61,19 +61,19 @@ def rotate_ranks(samples: np.ndarray, counts: np.ndarray, rot: np.ndarray) -> tu
     return samples[gather], sizes.reshape(k, w)
 
 
-def plan_packed(lengths: np.ndarray, max_batch_tokens: int, max_batch_size: int, world_size: int, shuffle: bool,
-                drop_last: bool, seed: int, epoch: int, width: float, cost: CostModel,
-                max_step_cost: float | None) -> Plan:
+def plan_packed(lengths: np.ndarray, constraint: BatchConstraint, world_size: int, shuffle: bool, drop_last: bool,
+                seed: int, epoch: int, width: float) -> Plan:
     """Plan an epoch of packed batches (inputs validated: ``make_plan`` and the
     bucketed planner's option checks).
 
-    lengths: (N,) int64 >= 0; width: the jitter of the length order (the
-    bucketed planner's ``bucket_width``); cost, max_step_cost: as there, the
-    cap applying to a batch's packed cost. Returns a Plan whose steps all
-    have W non-empty batches, each within ``sum(L) <= max_batch_tokens`` and
-    the size cap except a lone sample over the budget.
+    lengths: (N,) int64 >= 0; constraint: the batch rule bound to them (its
+    budget counts ``sum(L)``, its cost cap a batch's packed cost); width: the
+    jitter of the length order (the bucketed planner's ``bucket_width``).
+    Returns a Plan whose steps all have W non-empty batches, each within
+    ``sum(L) <= max_batch_tokens`` and the size cap except a lone sample over
+    the budget.
     """
-    from .kernels import pack_steps  # lazy for start-up: no numba before the first plan
+    from .packed_steps import pack_steps  # lazy for start-up: no numba before the first plan
 
     n = lengths.shape[0]
     w = world_size
@@ -81,16 +81,13 @@ def plan_packed(lengths: np.ndarray, max_batch_tokens: int, max_batch_size: int,
     if n == 0:
         empty = np.zeros(0, dtype=dtype)
         return assemble(empty, np.zeros((0, w), dtype=np.int64), np.zeros(0, dtype=np.int64), w)
-    lmax = int(lengths.max())
-    cap = min(max_batch_size, n)
-    tokens = cost.budget(lmax, max_batch_tokens, cap, w)
-    max_cost = cost.cost_cap(max_step_cost)
+    tokens, cap, max_cost = constraint.max_tokens, constraint.max_size, constraint.max_cost
     rng = _rng(seed, epoch) if shuffle else None
     keys = lengths.astype(np.float64)
     if rng is not None:
         keys *= 1.0 + width * rng.random(n)
     order = np.argsort(keys, kind="stable")
-    ca, cb = cost.coefficients
+    ca, cb = constraint.coefficients
     # compiled once per node (or loaded) on a tiny input of the same argument types: core/compile_once.py
     once.compile_once("packed", (), lambda: pack_steps(np.arange(1, 9, dtype=np.int64), np.arange(1.0, 9.0), 2, 16,
                                                         4, 1, 0, INT64_MAX, np.empty(8, dtype=np.int64)))

@@ -1,9 +1,9 @@
 """Numba kernel of packed (padding-free) planning: every global step's W
 bins filled best-fit decreasing, the least costly bin served first.
 
-Arrays and integer scalars in, arrays out; the plan layer (``plan.py``)
+Arrays and integer scalars in, arrays out; the plan layer (``packed.py``)
 validates and prepares the input. A packed batch's integer cost is the sum
-of its samples' ``L * (ca * L + cb)`` (``CostModel.coefficients``): there is
+of its samples' ``_cost(ca, cb, 1, L)`` (``CostModel.coefficients``): there is
 no padding, so a sample costs the same in any batch.
 """
 
@@ -12,10 +12,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-_I64_MAX = np.int64(np.iinfo(np.int64).max)  # a typed global (np.iinfo in a kernel compiles code each time)
-
-# Helpers only the kernel calls: no CPython or C wrapper to build (see bucketed/common.py for why).
-_helper = njit(no_cpython_wrapper=True, no_cfunc_wrapper=True, error_model="numpy")
+from ..toolkit import _I64_MAX, _cost, _helper
 
 
 @_helper
@@ -134,7 +131,7 @@ def pack_steps(slen, skey, w, max_tokens, max_size, ca, cb, max_cost, out):
             ln = slen[j]
             link[j + 1] = j
             remaining -= 1
-            cost[b] += ln * (ca * ln + cb)
+            cost[b] += _cost(ca, cb, np.int64(1), ln)
             tok[b] += ln
             cnt[b] += 1
             step_pos[k] = j

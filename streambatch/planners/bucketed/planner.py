@@ -29,7 +29,7 @@ Options (keywords of ``make_plan``):
   the token budget.
 
 - ``pack`` (default False): plan packed, padding-free batches instead
-  (``planners/packed/plan.py``): ``sum(L) <= max_batch_tokens`` per batch,
+  (``bucketed/packed.py``): ``sum(L) <= max_batch_tokens`` per batch,
   balanced under the packed cost ``sum(c1 * L + c2 * L**2)``, for models
   whose attention is restricted to each sample of a concatenated sequence.
   ``bucket_width`` then sets how far the length order is jittered.
@@ -42,21 +42,16 @@ foundation's rule says.
 
 from __future__ import annotations
 
-import numbers
-from typing import Any
-
 import numpy as np
 
 from ...core import compile_once as once  # called as once.compile_once: tests swap it
-from ...core.cost import INT64_MAX, CostModel, resolve_cost
-from ...core.plan import Plan, assemble, finish_last_step
-from ...core.validation import check_flag
-from ..base import Option, Planner
-from ..greedy.plan import index_dtype
-from ..packed.plan import plan_packed
+from ...core.constraint import BatchConstraint
+from ...core.cost import INT64_MAX
+from ...core.plan import Plan, assemble, finish_last_step, index_dtype
+from ..base import Planner
+from ..options import BUCKET_WIDTH, COST, COST_KINDS, DEFAULT_BUCKET_WIDTH, MAX_STEP_COST, PACK
+from .packed import plan_packed
 
-DEFAULT_BUCKET_WIDTH = 0.02
-MIN_BUCKET_WIDTH = 0.001  # keeps the bucket count (~ ln(max_len) / width) in the tens of thousands
 _SALT = 0x6275636B65746564  # "bucketed"
 _M64 = (1 << 64) - 1
 
@@ -86,7 +81,7 @@ def plan_key(seed: int, epoch: int) -> np.uint64:
     """The 64-bit key all of an epoch's randomness is drawn from."""
     # np.uint64, not a Python int (which Numba types as int64 or uint64 by
     # value): one compiled signature per kernel.
-    from ..greedy.mt19937 import seed_key  # lazy for start-up: no numba before the first plan
+    from ..toolkit import seed_key  # lazy for start-up: no numba before the first plan
 
     h = _mix(_hash_words(seed_key(seed), _SALT), int(seed < 0))
     return np.uint64(_hash_words(seed_key(epoch), h))
@@ -116,62 +111,18 @@ def bucket_edges(max_len: int, width: float, phase: float) -> np.ndarray:
     return np.array(edges, dtype=np.int64)
 
 
-def check_bucket_width(width: Any) -> float:
-    if isinstance(width, bool) or not isinstance(width, numbers.Real):
-        raise TypeError(
-            f"bucket_width must be a number in [{MIN_BUCKET_WIDTH}, 1], got {width!r} ({type(width).__name__})"
-        )
-    width = float(width)
-    if not MIN_BUCKET_WIDTH <= width <= 1.0:
-        raise ValueError(
-            f"bucket_width must be in [{MIN_BUCKET_WIDTH}, 1] (relative width of a length bucket), got {width}; "
-            f"the default {DEFAULT_BUCKET_WIDTH} keeps padding low while shuffling within buckets"
-        )
-    return width
+def plan_bucketed(lengths: np.ndarray, constraint: BatchConstraint, world_size: int, shuffle: bool,
+                  drop_last: bool, seed: int, epoch: int, bucket_width: float = DEFAULT_BUCKET_WIDTH) -> Plan:
+    """Plan an epoch with the bucketed planner. Inputs must already be
+    validated (``make_plan`` does it).
 
-
-def check_max_step_cost(max_step_cost: Any) -> float | None:
-    if max_step_cost is None:
-        return None
-    if isinstance(max_step_cost, bool) or not isinstance(max_step_cost, numbers.Real):
-        raise TypeError(
-            f"max_step_cost must be a number > 0 (in cost units) or None, got {max_step_cost!r} "
-            f"({type(max_step_cost).__name__})"
-        )
-    try:
-        value = float(max_step_cost)
-    except OverflowError:
-        value = float("inf")
-    if not (np.isfinite(value) and value > 0):
-        raise ValueError(
-            f"max_step_cost must be a finite number > 0 (in cost units) or None for no cap, got {max_step_cost}"
-        )
-    return value
-
-
-def check_pack(pack: Any) -> bool:
-    return check_flag("pack", pack)
-
-
-def check_options(options: dict[str, Any]) -> tuple[float, CostModel, float | None]:
-    """Validated (bucket_width, cost model, max_step_cost) from ``options``."""
-    o = PLANNER.resolve(options)
-    return o["bucket_width"], o["cost"], o["max_step_cost"]
-
-
-def plan_bucketed(lengths: np.ndarray, max_batch_tokens: int, max_batch_size: int, world_size: int,
-                  shuffle: bool, drop_last: bool, seed: int, epoch: int, **options: Any) -> Plan:
-    """Plan an epoch with the bucketed planner. Inputs other than ``options``
-    must already be validated (``make_plan`` does it).
-
-    lengths: (N,) int64 >= 0. Returns a Plan whose steps all have W non-empty
-    batches; with ``drop_last`` the tail that cannot complete a step is left
-    out and returned as ``leftover``.
+    lengths: (N,) int64 >= 0; constraint: the batch rule bound to them (its
+    ``pack`` plans packed batches: ``packed.py``). Returns a Plan whose steps
+    all have W non-empty batches; with ``drop_last`` the tail that cannot
+    complete a step is left out and returned as ``leftover``.
     """
-    width, cost, max_step_cost = check_options(options)
-    if options.get("pack"):
-        return plan_packed(lengths, max_batch_tokens, max_batch_size, world_size, shuffle, drop_last, seed, epoch,
-                           width, cost, max_step_cost)
+    if constraint.pack:
+        return plan_packed(lengths, constraint, world_size, shuffle, drop_last, seed, epoch, bucket_width)
 
     n = lengths.shape[0]
     w = world_size
@@ -179,15 +130,8 @@ def plan_bucketed(lengths: np.ndarray, max_batch_tokens: int, max_batch_size: in
     if n == 0:
         empty = np.zeros(0, dtype=dtype)
         return assemble(empty, np.zeros((0, w), dtype=np.int64), np.zeros(0, dtype=np.int64), w)
-    lmax = int(lengths.max())
-    cap = min(max_batch_size, n)
-    tokens = cost.budget(lmax, max_batch_tokens, cap, w)
-    max_cost = INT64_MAX
-    if max_step_cost is not None:
-        # in the cost's units (seconds for a step model, whose kernels count in plain's units)
-        max_cost = int(min(np.floor(max_step_cost / cost.seconds_per_unit * cost.scale), INT64_MAX))
-        if max_cost < 1:
-            raise ValueError(f"max_step_cost={max_step_cost} is below the cost of any batch ({cost}); raise it")
+    lmax = constraint.max_len
+    cost = constraint.cost
     # Sorted lengths in the narrowest dtype that holds them: the step kernel
     # streams through them several times.
     len_dtype = np.int16 if lmax < 2**15 else np.int32 if lmax < 2**31 else np.int64
@@ -198,8 +142,9 @@ def plan_bucketed(lengths: np.ndarray, max_batch_tokens: int, max_batch_size: in
                                   False, plan_key(0, 0), DEFAULT_BUCKET_WIDTH, dtype, len_dtype))
     # A per-step cost (a measured step model's c0) makes needless steps cost time: no head steps of long
     # samples one per rank after the outliers (under B*L^2 alone they cost the same as fuller steps).
-    return _lay_out(lengths, lmax, tokens, cap, w, cost.coefficients, cost.per_step <= 0, max_cost, shuffle, drop_last,
-                    plan_key(seed, epoch), width, dtype, len_dtype)
+    return _lay_out(lengths, lmax, constraint.max_tokens, constraint.max_size, w, constraint.coefficients,
+                    cost.per_step <= 0, constraint.max_cost, shuffle, drop_last, plan_key(seed, epoch), bucket_width,
+                    dtype, len_dtype)
 
 
 def _lay_out(lengths: np.ndarray, lmax: int, tokens: int, cap: int, w: int, coefficients: tuple[int, int],
@@ -208,7 +153,8 @@ def _lay_out(lengths: np.ndarray, lmax: int, tokens: int, cap: int, w: int, coef
     """The kernel calls of ``plan_bucketed``: sort into buckets, lay steps out
     from both ends, finish the rest, shuffle the step order."""
     # lazy for start-up: no numba before the first plan
-    from .kernels import bucket_sort, plan_steps, step_permutation, table_size
+    from ..toolkit import step_permutation
+    from .steps import bucket_sort, plan_steps, table_size
 
     n = lengths.shape[0]
     phase = float(subkey(key, 1) >> np.uint64(11)) / 2.0**53 if shuffle else 0.0
@@ -248,14 +194,7 @@ def _lay_out(lengths: np.ndarray, lmax: int, tokens: int, cap: int, w: int, coef
 
 
 PLANNER = Planner(
-    "bucketed", plan_bucketed,
-    options=(
-        Option("bucket_width", DEFAULT_BUCKET_WIDTH, check_bucket_width,
-               "relative width of a length bucket, in [0.001, 1]: wider shuffles more and pads more"),
-        Option("cost", CostModel.quadratic(), resolve_cost, "the CostModel ranks are balanced under"),
-        Option("max_step_cost", None, check_max_step_cost, "cap on every batch's cost (cost units), or None"),
-        Option("pack", False, check_pack, "packed, padding-free batches: sum(L) <= max_batch_tokens, varlen cost"),
-    ),
-    costs=("quadratic", "linear", "quadratic_duration", "step"),
+    "bucketed", plan_bucketed, options=(BUCKET_WIDTH, COST, MAX_STEP_COST, PACK), costs=COST_KINDS,
     summary="length buckets, each step's W batches laid out to cost the same (recommended for new runs)",
+    takes_constraint=True, kernels="streambatch.planners.bucketed.steps",
 )

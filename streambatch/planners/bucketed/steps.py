@@ -4,14 +4,14 @@ samples (``plan_steps`` here; the candidate layouts in ``layouts.py``, the
 head of long samples in ``head.py``).
 
 Arrays and integer scalars in, arrays out; inputs are validated by the plan
-layer (``plan.py``). Costs and randomness: ``common.py``.
+layer (``planner.py``). Costs, randomness and the step shuffle: ``planners/toolkit.py``.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from .common import _I64_MAX, _below, _coefficients, _cost, _grow, _mix, _new, _zeros, batch_cost, njit
+from ..toolkit import _I64_MAX, _below, _cost, _grow, _mix, _new, _zeros, njit
 from .head import LONG, POOL, _head_pool, _take_head
 from .layouts import (
     _contiguous,
@@ -27,8 +27,7 @@ from .layouts import (
 )
 from .sort import _TAGS, bucket_sort, table_size
 
-__all__ = ["_TAGS", "batch_cost", "bucket_sort", "deal_rank", "head_step", "plan_steps", "sparse_layout",
-           "step_permutation", "table_size"]
+__all__ = ["_TAGS", "bucket_sort", "deal_rank", "head_step", "plan_steps", "sparse_layout", "table_size"]
 
 _SETTLED = 0.995  # a greedy step this balanced is taken without trying other layouts
 _SPARSE = 0.9  # a descending step less balanced than this spans sparse long samples
@@ -87,7 +86,7 @@ def plan_steps(order, slen, w, max_tokens, max_size, ca, cb, max_cost, long_head
     # Scratch: sizes and longest sample of candidate layout c in
     # sizes[c * W:(c + 1) * W], maxes[...]; where each candidate ends.
     # Helpers get an offset (c * W) into these, never a slice (see
-    # ``common.py``).
+    # ``planners/toolkit.py``).
     sizes = _new(7 * w)
     maxes = _new(7 * w)
     cur = _new(w)
@@ -238,20 +237,6 @@ def plan_steps(order, slen, w, max_tokens, max_size, ca, cb, max_cost, long_head
 
 
 @njit(cache=True, no_cfunc_wrapper=True, error_model="numpy")
-def step_permutation(n_steps, key):
-    """(n_steps,) int64 Fisher-Yates permutation drawn from ``key``."""
-    perm = _new(n_steps)
-    for i in range(n_steps):
-        perm[i] = i
-    for i in range(n_steps - 1, 0, -1):
-        j = _below(key, i, i + 1)
-        t = perm[i]
-        perm[i] = perm[j]
-        perm[j] = t
-    return perm
-
-
-@njit(cache=True, no_cfunc_wrapper=True, error_model="numpy")
 def deal_rank(t, m, w):
     """``_deal_rank`` callable from Python (tests)."""
     return _deal_rank(np.int64(t), np.int64(m), np.int64(w))
@@ -262,11 +247,11 @@ def deal_rank(t, m, w):
 
 
 @njit(cache=True, no_cfunc_wrapper=True, error_model="numpy")
-def head_step(order, slen, p, w, max_tokens, max_size, code, q, cap, long_only):
+def head_step(order, slen, p, w, max_tokens, max_size, ca, cb, cap, long_only):
     """One head step from order/slen[p:] (``_head_pool``, ``_take_head``):
     ((W,) int64 sizes of the chosen batches, samples they hold), 0 samples
-    when the pool is empty. order and slen are reordered in place."""
-    ca, cb = _coefficients(code, q)
+    when the pool is empty. order and slen are reordered in place. (ca, cb):
+    ``CostModel.coefficients``, as int64."""
     sizes = _new(POOL * w)
     costs = _new(POOL * w)
     chosen = _zeros(w)
@@ -278,9 +263,8 @@ def head_step(order, slen, p, w, max_tokens, max_size, code, q, cap, long_only):
 
 
 @njit(cache=True, no_cfunc_wrapper=True, error_model="numpy")
-def sparse_layout(slen, p, w, max_tokens, max_size, code, q, top, lone, rate):
+def sparse_layout(slen, p, w, max_tokens, max_size, ca, cb, top, lone, rate):
     """``_sparse_cap``: (end or -1, (W,) sizes, (W,) longest) of the chosen layout."""
-    ca, cb = _coefficients(code, q)
     sizes = _zeros(2 * w)
     maxes = _zeros(2 * w)
     end = _sparse_cap(slen, p, w, max_tokens, max_size, ca, cb, top, lone, rate, sizes, maxes, np.int64(0))
@@ -288,7 +272,6 @@ def sparse_layout(slen, p, w, max_tokens, max_size, code, q, top, lone, rate):
 
 
 @njit(cache=True, no_cfunc_wrapper=True, error_model="numpy")
-def time_rate(slen, p, end, sizes, maxes, w, code, q):
+def time_rate(slen, p, end, sizes, maxes, w, ca, cb):
     """``_time_rate``."""
-    ca, cb = _coefficients(code, q)
     return _time_rate(slen, p, end, sizes, maxes, np.int64(0), w, ca, cb)

@@ -31,10 +31,10 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from ..bucketed.common import _I64_MAX as _BIG
-from ..bucketed.common import _grow, _helper, _new
+from ..toolkit import _I64_MAX as _BIG
+from ..toolkit import _grow, _helper, _new
 
-# Compile time follows the rules in ``bucketed/common.py``. In particular a
+# Compile time follows the rules in ``planners/toolkit.py``. In particular a
 # variable passed to a helper starts as np.int64(...), never a literal: Numba
 # types a loop's first pass with the literal and compiles the helper for it too.
 _BLOCK = 4096  # lengths are gathered a block at a time so cache misses overlap

@@ -10,8 +10,8 @@ from __future__ import annotations
 import numpy as np
 
 from ...core import compile_once as once  # called as once.compile_once: tests swap it
-from ...core.cost import clamp_budget
-from ...core.plan import Plan, assemble, finish_last_step
+from ...core.constraint import BatchConstraint, BatchLimits
+from ...core.plan import Plan, assemble, finish_last_step, index_dtype
 from ..base import Planner
 
 
@@ -20,33 +20,31 @@ def seed_chunk_size(world_size: int, max_batch_size: int) -> int:
     return min(max(64, world_size * max(1, max_batch_size) * 8), 512)
 
 
-def index_dtype(n: int) -> type:
-    """int32 sample indices while they fit: halves the plan's memory."""
-    return np.int32 if n < 2**31 - 1024 else np.int64
-
-
-def plan_greedy(lengths: np.ndarray, max_batch_tokens: int, max_batch_size: int, world_size: int,
-                shuffle: bool, drop_last: bool, seed: int, epoch: int) -> Plan:
+def plan_greedy(lengths: np.ndarray, constraint: BatchConstraint, world_size: int, shuffle: bool, drop_last: bool,
+                seed: int, epoch: int) -> Plan:
     """Plan an epoch like the seed. Inputs must already be validated.
 
-    lengths: (N,) int64 >= 0. Returns a Plan whose steps all have W non-empty
-    batches.
+    lengths: (N,) int64 >= 0; constraint: the budget and cap bound to them
+    (the seed's B * L**2 cost, no cost cap). Returns a Plan whose steps all
+    have W non-empty batches.
     """
 
     dtype = index_dtype(lengths.shape[0])
     # The kernels this plan calls, compiled once per node (or loaded) on a tiny
     # input with the same argument types: see ``core/compile_once.py``.
     once.compile_once("greedy", (np.dtype(dtype).name, shuffle),
-                 lambda: _plan(np.arange(1, 41, dtype=np.int64), 400, 8, 2, shuffle, False, 0, dtype))
-    return _plan(lengths, max_batch_tokens, max_batch_size, world_size, shuffle, drop_last, seed + epoch, dtype)
+                 lambda: _plan(np.arange(1, 41, dtype=np.int64), BatchLimits(400, 8).bind(np.arange(1, 41), 2), 2,
+                               shuffle, False, 0, dtype))
+    return _plan(lengths, constraint, world_size, shuffle, drop_last, seed + epoch, dtype)
 
 
-def _plan(lengths: np.ndarray, max_batch_tokens: int, max_batch_size: int, w: int, shuffle: bool, drop_last: bool,
-          seed: int, dtype: type) -> Plan:
+def _plan(lengths: np.ndarray, constraint: BatchConstraint, w: int, shuffle: bool, drop_last: bool, seed: int,
+          dtype: type) -> Plan:
   # lazy for start-up: no numba before the first plan
-    from .kernels import greedy_steps
-    from .mt19937 import mt_new, seed_key, shuffle_slice
+    from ..toolkit import seed_key
+    from .mt19937 import mt_new, shuffle_slice
     from .order import sortish_order
+    from .placement import greedy_steps
 
     n = lengths.shape[0]
     mt = mt_new(seed_key(seed))
@@ -55,14 +53,12 @@ def _plan(lengths: np.ndarray, max_batch_tokens: int, max_batch_size: int, w: in
     buf_a = np.empty(n + w, dtype=dtype)
     buf_b = np.empty(n + w, dtype=dtype)
     if shuffle:
-        chunk = seed_chunk_size(w, max_batch_size)
+        chunk = seed_chunk_size(w, constraint.limits.max_batch_size)  # the seed's chunk follows the cap as set
         sortish_order(lengths, chunk, mt, buf_a, buf_b, np.empty(-(-n // chunk), dtype=dtype))
     else:
         buf_a[:n] = np.arange(n, dtype=dtype)
-    # A size cap above N never binds; clamping keeps kernel buffers bounded.
-    cap = min(max_batch_size, max(n, 1))
-    tokens = clamp_budget(max_batch_tokens, cap, int(lengths.max(initial=0)))  # make_plan checked the range
-    flat, n_steps = greedy_steps(buf_a[:n], lengths, w, tokens, cap, buf_b)
+    # The constraint's cap is at most N (bounding kernel buffers) and its budget clamped and range-checked.
+    flat, n_steps = greedy_steps(buf_a[:n], lengths, w, constraint.max_tokens, constraint.max_size, buf_b)
     counts = flat[: n_steps * w].reshape(n_steps, w)
     del buf_a
     samples, counts, padded, leftover = finish_last_step(buf_b, counts, n, drop_last)
@@ -76,4 +72,5 @@ def _plan(lengths: np.ndarray, max_batch_tokens: int, max_batch_size: int, w: in
 PLANNER = Planner(
     "greedy", plan_greedy, options=(), costs=("quadratic",),
     summary="the seed's greedy global-step planner, batch for batch (the sampler's default)",
+    takes_constraint=True, kernels="streambatch.planners.greedy.placement",
 )

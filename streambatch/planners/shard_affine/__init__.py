@@ -1,4 +1,5 @@
-"""Shard-affine windows (``read_mode="shard"``): the cut of a window's shards into per-rank pieces
-(``plan``), the carried samples' holders across windows (``holders``) and the Numba step kernels (``kernels``).
+"""The shard-affine planner (``read_mode="shard"``'s): plan layer in ``planner.py`` (a window's samples cut into
+per-rank pieces, the carried samples' holders across windows, the pooled outliers), the Numba walk in ``walk.py``,
+the matching of cross-rank batches to the ranks holding their samples in ``holders.py``.
 
-Stream: a window's shards -> per-rank steps that read each byte once across the job."""
+Stream: a window's samples -> per-rank steps that read each byte once across the job."""

@@ -18,7 +18,7 @@ worker computes every rank's share without talking):
    one sample, which whole-shard dealing (e.g. longest processing time
    first) cannot promise with a few shards per rank.
 2. **Per rank, sort** its samples by length (random tie order).
-3. **Walk all ranks at one pace** (``affinity_kernels.affine_steps``): a
+3. **Walk all ranks at one pace** (``walk.affine_steps``): a
    step's target is the cost of the cheapest full batch any rank can take
    next; that rank takes it and every other rank takes the prefix of its
    sorted samples whose cost is nearest the target. Steps are balanced,
@@ -30,7 +30,7 @@ worker computes every rank's share without talking):
    (a batch at their length holds <= 4) cannot be balanced by the rank that
    happens to hold them; up to 4 * W of them per window are planned across
    ranks with the bucketed planner, then matched to holders
-   (``affinity_holders``: each batch to the rank holding most of it, then
+   (``holders.py``: each batch to the rank holding most of it, then
    swaps of samples between batches that keep every batch's size and
    longest length, then swaps that keep each step's costliest batch and
    cost it <= 0.03 balance). A pooled sample trained by another rank is
@@ -49,7 +49,7 @@ worker computes every rank's share without talking):
 
 Packed batches (``pack=True``: the sum of a batch's lengths within the
 budget, its cost the sum of its samples' costs): the same cut, pooling and
-tail, with the walk of ``affinity_kernels.packed_affine_steps`` (prefixes
+tail, with the walk of ``walk.packed_affine_steps`` (prefixes
 of each rank's ascending lengths, their costs and tokens summed) and the
 pool planned packed. Holder swaps are then only the cost-checked ones
 (``relax_to_holders``): the size-and-longest-keeping swaps do not keep a
@@ -69,9 +69,11 @@ from typing import Any
 
 import numpy as np
 
-from ....core.plan import Plan, assemble
-from ....planners import make_plan
-from ....planners.bucketed.plan import PLANNER, check_options
+from ...core.constraint import BatchConstraint, BatchLimits
+from ...core.plan import Plan, assemble
+from ...core.registry import get_planner
+from ..base import Planner
+from ..options import BUCKET_WIDTH, COST, COST_KINDS, DEFAULT_BUCKET_WIDTH, MAX_STEP_COST, PACK
 from .holders import relax_to_holders, swap_to_holders, to_holders
 
 _U64 = 1 << 64
@@ -87,6 +89,10 @@ POOL_CAP = 4
 RECUTS = 12
 # A swap moving a pooled sample to its holder may cost its step this much balance.
 RELAX_TOL = 0.03
+# Pooled outliers and the final window's tail (and, in epoch/shard_loop.py, an elastic rest) are planned across
+# ranks by this registered planner, looked up by name: a planner composes another through the registry, never by
+# importing it.
+CROSS_RANK_PLANNER = "bucketed"
 
 
 @dataclass(frozen=True)
@@ -169,36 +175,32 @@ def cut_points(weights: np.ndarray, shares: np.ndarray) -> np.ndarray:
     return np.minimum(cuts, weights.shape[0])
 
 
-def plan_affine_window(carry_len: np.ndarray, carry_holder: np.ndarray, new_len: np.ndarray,
-                       max_batch_tokens: int, max_batch_size: int, world_size: int, shuffle: bool,
-                       final: bool, drop_last: bool, seed: int, options: dict[str, Any],
-                       groups: np.ndarray | None = None) -> AffineWindow:
+def plan_affine_window(carry_len: np.ndarray, carry_holder: np.ndarray, new_len: np.ndarray, limits: BatchLimits,
+                       world_size: int, shuffle: bool, final: bool, drop_last: bool, seed: int,
+                       bucket_width: float = DEFAULT_BUCKET_WIDTH, groups: np.ndarray | None = None) -> AffineWindow:
     """Plan one window in shard-affine mode (inputs validated by the caller).
 
     carry_len, carry_holder: (c,) int64 lengths and holding ranks of the
     samples carried in; new_len: (m,) int64 lengths of the window's new
-    samples in shard order. ``final``: the epoch's last window (its tail is
-    planned across ranks and ``drop_last`` applies); otherwise what cannot
-    form balanced steps is returned as leftover, to carry.
-    options: the bucketed planner's (bucket_width, cost, max_step_cost).
+    samples in shard order. limits: the batch rule (budget, cap, cost model,
+    cost cap, packing), bound here to the window's lengths once. ``final``:
+    the epoch's last window (its tail is planned across ranks and
+    ``drop_last`` applies); otherwise what cannot form balanced steps is
+    returned as leftover, to carry. bucket_width: the pooled plan's buckets.
     groups: (G + 1,) int64 bounds of contiguous groups of the new samples
     (a mix's sources): each group is cut into W pieces on its own, each rank
     getting the same fraction of every group, so that every rank's samples
     follow the window's mix of lengths (one source per rank would leave the
     ranks' walks far apart: measured, 1.6x the steps). None: one group.
     """
-    _, cost, max_step_cost = check_options(options)
-    packed = PLANNER.packs(PLANNER.resolve(options))
     w = world_size
     c = carry_len.shape[0]
     lengths = np.concatenate([carry_len, new_len]).astype(np.int64, copy=False)
     n = lengths.shape[0]
-    lmax = int(lengths.max(initial=0))
-    cap = min(max_batch_size, max(n, 1))
-    tokens = cost.budget(lmax, max_batch_tokens, cap, w)
-    max_cost = cost.cost_cap(max_step_cost)
-    pooled = pooled_mask(lengths, max_batch_tokens, w)
-    weights = sample_weights(lengths, cost, tokens, cap, max_cost, w)
+    constraint = limits.bind(lengths, w)
+    cost, packed = constraint.cost, constraint.pack
+    pooled = pooled_mask(lengths, limits.max_batch_tokens, w)
+    weights = sample_weights(lengths, cost, constraint.max_tokens, constraint.max_size, constraint.max_cost, w)
     weights[pooled] = 1
     carry_w = np.zeros(w, dtype=np.int64)
     np.add.at(carry_w, carry_holder, weights[:c])
@@ -217,7 +219,7 @@ def plan_affine_window(carry_len: np.ndarray, carry_holder: np.ndarray, new_len:
         walker = np.where(pooled, w, holder)  # pooled samples sort after every rank's segment
         order = np.lexsort((tags, lengths, walker)).astype(np.int64)
         starts = np.searchsorted(walker[order], np.arange(w + 1)).astype(np.int64)
-        samples, counts, rest = _walk(lengths, order, starts, tokens, cap, cost, max_cost, packed)
+        samples, counts, rest = _walk(lengths, order, starts, constraint)
         if best is None or rest.size < best[-1].size:
             best = (cuts, holder, order, starts, samples, counts, rest)
         if rest.size == 0:
@@ -235,14 +237,15 @@ def plan_affine_window(carry_len: np.ndarray, carry_holder: np.ndarray, new_len:
         # few samples per rank) are planned across ranks, as in sample mode: a
         # sample given to a rank other than its holder costs that rank one
         # ranged read, instead of a lopsided step or steps of padding.
-        extra = make_plan(lengths[pool], max_batch_tokens, max_batch_size, w, shuffle=shuffle,
-                          drop_last=drop_last or not final, seed=int(rng.integers(0, 1 << 62)), planner="bucketed",
-                          **options)
+        pool_len = lengths[pool]
+        extra = get_planner(CROSS_RANK_PLANNER).run(pool_len, limits.bind(pool_len, w), w, shuffle,
+                                                    drop_last or not final, int(rng.integers(0, 1 << 62)), 0,
+                                                    {"bucket_width": bucket_width})
         x_samples, x_counts = to_holders(pool[extra.samples], np.diff(extra.offsets).reshape(-1, w), holder)
         if not packed:  # (its swaps keep each batch's longest, not its sum of lengths)
             x_samples = swap_to_holders(x_samples, x_counts, holder, lengths)
-        x_samples = relax_to_holders(x_samples, x_counts, holder, lengths, cost, max_batch_tokens, max_cost, RELAX_TOL,
-                                     packed)
+        x_samples = relax_to_holders(x_samples, x_counts, holder, lengths, cost, limits.max_batch_tokens,
+                                     constraint.max_cost, RELAX_TOL, packed)
         samples = np.concatenate([samples, x_samples])
         counts = np.concatenate([counts, x_counts])
         padded = extra.num_padded
@@ -253,20 +256,21 @@ def plan_affine_window(carry_len: np.ndarray, carry_holder: np.ndarray, new_len:
     return AffineWindow(plan, holder, cuts, rest)
 
 
-def _walk(lengths: np.ndarray, order: np.ndarray, starts: np.ndarray, tokens: int, cap: int, cost: Any,
-          max_cost: int, packed: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _walk(lengths: np.ndarray, order: np.ndarray, starts: np.ndarray, constraint: BatchConstraint
+          ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Step 3, the walk of every rank's own samples at one pace.
 
     order: (n,) int64 window indices, each rank's segment
     ``starts[r]:starts[r + 1]`` ascending by length (the pooled ones after
     ``starts[W]``). Returns (samples grouped by (step, rank), (k, W) int64
     batch sizes, rest: the samples the walk left, rank by rank)."""
-    from .kernels import affine_steps, packed_affine_steps  # lazy for start-up: no numba before the first plan
+    from .walk import affine_steps, packed_affine_steps  # lazy for start-up: no numba before the first plan
 
     w = starts.shape[0] - 1
     slen = lengths[order]
-    walk = packed_affine_steps if packed else affine_steps
-    counts, k, pos = walk(slen, starts, tokens, cap, cost.code, cost.kernel_q, max_cost)
+    walk = packed_affine_steps if constraint.pack else affine_steps
+    counts, k, pos = walk(slen, starts, constraint.max_tokens, constraint.max_size, *constraint.coefficients,
+                          constraint.max_cost)
     counts = counts[:k]
     rest = order[np.concatenate([np.arange(pos[r], starts[r + 1]) for r in range(w)]).astype(np.int64)]
     # rank r's batches are consecutive slices of its segment of ``order``
@@ -308,12 +312,37 @@ def foreign_samples(plan: Plan, holder: np.ndarray) -> np.ndarray:
     return rows.reshape(-1, 2)
 
 
-def warm_up(max_batch_tokens: int, max_batch_size: int, world_size: int, options: dict[str, Any]) -> None:
-    """Validate ``options`` and load the compiled kernels (a tiny window with
-    a pooled outlier), so DataLoader workers forked later inherit them."""
+def warm_up(limits: BatchLimits, world_size: int, bucket_width: float = DEFAULT_BUCKET_WIDTH) -> None:
+    """Load the compiled kernels (a tiny window with a pooled outlier), so
+    DataLoader workers forked later inherit them."""
     w = world_size
     lengths = np.ones(2 * w + 1, dtype=np.int64)
-    lengths[-1] = max_batch_tokens
+    lengths[-1] = limits.max_batch_tokens
     none = np.zeros(0, dtype=np.int64)
-    plan_affine_window(none, none, lengths, max_batch_tokens, max_batch_size, w, True, True, False, 0, dict(options))
+    plan_affine_window(none, none, lengths, limits, w, True, True, False, 0, bucket_width)
 
+
+def plan_shard_affine(lengths: np.ndarray, constraint: BatchConstraint, world_size: int, shuffle: bool,
+                      drop_last: bool, seed: int, epoch: int, bucket_width: float = DEFAULT_BUCKET_WIDTH) -> Plan:
+    """The shard-affine walk as a planner of its own: ``lengths`` in their
+    given (streaming) order are one final window with nothing carried in,
+    cut into W contiguous pieces, rank r training piece r (plus the pooled
+    outliers and the walk's tail, planned across ranks). Streaming's shard
+    read mode calls ``plan_affine_window`` window by window instead, with the
+    samples each window carries in and who holds them.
+
+    lengths: (N,) int64 >= 0; constraint: the batch rule bound to them.
+    The window's seed is drawn from (seed, epoch)."""
+    none = np.zeros(0, dtype=np.int64)
+    if lengths.shape[0] == 0:  # nothing to cut
+        return assemble(none, np.zeros((0, world_size), dtype=np.int64), none, world_size)
+    window_seed = int(np.random.SeedSequence([seed % _U64, epoch, 0x5A]).generate_state(1, np.uint64)[0])
+    return plan_affine_window(none, none, lengths, constraint.limits, world_size, shuffle, True, drop_last,
+                              window_seed, bucket_width).plan
+
+
+PLANNER = Planner(
+    "shard_affine", plan_shard_affine, options=(BUCKET_WIDTH, COST, MAX_STEP_COST, PACK), costs=COST_KINDS,
+    summary="each rank trains a contiguous piece of the samples in their order (streaming's shard read mode)",
+    takes_constraint=True, kernels="streambatch.planners.shard_affine.walk",
+)

@@ -1,8 +1,8 @@
-"""Numba kernels of the shard-affine window planner (``streaming/epoch/affinity/plan.py``).
+"""Numba kernels of the shard-affine planner (``planner.py``): the walk of every rank's own samples at one pace.
 
 Arrays and integer scalars in, arrays out; the plan layer validates inputs.
-Batch costs are the integer ``scale * cost`` of ``cost.py`` (code 0: B*L,
-1: B*L**2, 2: B*L*(q+L)).
+Batch costs are the toolkit's one integer cost, ``_cost(ca, cb, count, L)``
+with ``(ca, cb) = CostModel.coefficients`` (``scale * cost``).
 """
 
 from __future__ import annotations
@@ -10,23 +10,16 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-
-@njit(cache=True)
-def _cost(count, longest, code, q):
-    if code == 0:
-        return count * longest
-    if code == 1:
-        return count * longest * longest
-    return count * longest * (q + longest)
+from ..toolkit import _cost
 
 
 @njit(cache=True)
-def _fits(count, longest, max_tokens, max_size, max_cost, code, q):
-    return count <= max_size and count * longest <= max_tokens and _cost(count, longest, code, q) <= max_cost
+def _fits(count, longest, max_tokens, max_size, max_cost, ca, cb):
+    return count <= max_size and count * longest <= max_tokens and _cost(ca, cb, count, longest) <= max_cost
 
 
 @njit(cache=True)
-def affine_steps(slen, starts, max_tokens, max_size, code, q, max_cost):
+def affine_steps(slen, starts, max_tokens, max_size, ca, cb, max_cost):
     """Cut every rank's own samples into the same number of global steps.
 
     slen: (n,) int64 lengths, ascending within each rank's segment
@@ -68,10 +61,10 @@ def affine_steps(slen, starts, max_tokens, max_size, code, q, max_cost):
         for r in range(w):
             p = pos[r]
             e = p + 1  # the full batch: lengths ascend, so it stops at the first sample that does not fit
-            while e < starts[r + 1] and _fits(e + 1 - p, slen[e], max_tokens, max_size, max_cost, code, q):
+            while e < starts[r + 1] and _fits(e + 1 - p, slen[e], max_tokens, max_size, max_cost, ca, cb):
                 e += 1
             full[r] = e
-            target = min(target, _cost(e - p, slen[e - 1], code, q))
+            target = min(target, _cost(ca, cb, e - p, slen[e - 1]))
         for r in range(w):
             p = pos[r]
             aim = target
@@ -80,14 +73,14 @@ def affine_steps(slen, starts, max_tokens, max_size, code, q, max_cost):
             hi = full[r]
             while lo < hi:
                 mid = (lo + hi + 1) >> 1
-                if _cost(mid - p, slen[mid - 1], code, q) <= aim:
+                if _cost(ca, cb, mid - p, slen[mid - 1]) <= aim:
                     lo = mid
                 else:
                     hi = mid - 1
             e = lo
-            c = _cost(e - p, slen[e - 1], code, q)
+            c = _cost(ca, cb, e - p, slen[e - 1])
             if e < full[r]:
-                up = _cost(e + 1 - p, slen[e], code, q)
+                up = _cost(ca, cb, e + 1 - p, slen[e])
                 if up - aim < aim - c:
                     e += 1
                     c = up
@@ -98,7 +91,7 @@ def affine_steps(slen, starts, max_tokens, max_size, code, q, max_cost):
 
 
 @njit(cache=True)
-def packed_affine_steps(slen, starts, max_tokens, max_size, code, q, max_cost):
+def packed_affine_steps(slen, starts, max_tokens, max_size, ca, cb, max_cost):
     """``affine_steps`` for packed batches: a batch's tokens are the sum of
     its lengths (no padding) and its cost the sum of its samples' costs.
 
@@ -125,7 +118,7 @@ def packed_affine_steps(slen, starts, max_tokens, max_size, code, q, max_cost):
     cst = np.zeros(n + 1, dtype=np.int64)
     for i in range(n):
         tok[i + 1] = tok[i] + slen[i]
-        cst[i + 1] = cst[i] + _cost(1, slen[i], code, q)
+        cst[i + 1] = cst[i] + _cost(ca, cb, 1, slen[i])
     shortest = n
     for r in range(w):
         shortest = min(shortest, starts[r + 1] - starts[r])

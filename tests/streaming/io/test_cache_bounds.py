@@ -17,8 +17,7 @@ from torch.utils.data import DataLoader
 
 from streambatch.streaming import StreamingBatches, index_shards
 from streambatch.streaming.io.cache import ShardCache, ShardRef
-
-from shards import FPS, write_corpus
+from tests.support.shards import FPS, write_corpus
 
 BUDGET, CAP = 2000, 8
 SHARDS, PER_SHARD, WINDOW, WORLD = 36, 20, 120, 2
@@ -176,7 +175,7 @@ def test_prefetch_order_and_bounds_with_the_cursor(corpus, tmp_path):
 @pytest.mark.slow
 @pytest.mark.parametrize("workers", [0, 2])
 def test_early_stopped_passes_over_http_stay_within_the_bound(corpus, tmp_path, workers):
-    from servers import nginx_server
+    from tests.support.servers import nginx_server
 
     root, paths, _, _ = corpus
     with nginx_server(root) as ng:

@@ -23,8 +23,7 @@ from streambatch.streaming import ShardError, StreamingBatches, index_shards
 from streambatch.streaming.errors import CacheError
 from streambatch.streaming.io.cache import ShardCache, ShardRef
 from streambatch.streaming.io.retry import RetryPolicy, is_transient
-
-from shards import FPS, write_corpus
+from tests.support.shards import FPS, write_corpus
 
 BUDGET, CAP, WINDOW = 2000, 16, 40
 SIZES = [20] * 8  # ~200 KB a shard, 1.6 MB in all

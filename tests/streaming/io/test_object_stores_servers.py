@@ -15,18 +15,17 @@ import shutil
 import time
 
 import pytest
-from cloud_servers import azurite_server, gcs_server
-from launch_remote import BUDGET, CAP, WINDOW
-from test_remote_servers import _check_world, _run_world, keys, local_epochs, speech_shards
 from torch.utils.data import DataLoader
 
 from streambatch.streaming import ShardError, StreamingBatches, index_shards
 from streambatch.streaming.io.remote import RemoteShard
 from streambatch.streaming.io.retry import RetryPolicy
 from streambatch.streaming.shards.sidecar import read_arrays, sidecar_path
-
-from servers import FaultProxy, nginx_server
-from shards import FPS, write_corpus
+from tests.streaming.io.test_remote_servers import _check_world, _run_world, keys, local_epochs, speech_shards
+from tests.support.cloud_servers import azurite_server, gcs_server
+from tests.support.launch_remote import BUDGET, CAP, WINDOW
+from tests.support.servers import FaultProxy, nginx_server
+from tests.support.shards import FPS, write_corpus
 
 pytestmark = pytest.mark.slow
 

@@ -22,8 +22,7 @@ import webdataset as wds
 from streambatch.streaming import ShardError, StreamingBatches, index_shards, sidecar_path
 from streambatch.streaming.io.reader import LocalReader
 from streambatch.streaming.shards.sidecar import read_arrays, read_meta
-
-from shards import FPS, audio_bytes, write_corpus
+from tests.support.shards import FPS, audio_bytes, write_corpus
 
 BUDGET, CAP = 400, 12
 

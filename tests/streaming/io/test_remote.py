@@ -15,16 +15,15 @@ import pytest
 from torch.utils.data import DataLoader
 
 from streambatch.core.redact import scrub, scrub_options, scrub_url
+from streambatch.epoch.windows import worker_steps
 from streambatch.streaming import ShardError, StreamingBatches, index_shards
-from streambatch.streaming.epoch.windows import worker_steps
 from streambatch.streaming.io.cache import ShardCache, ShardRef
 from streambatch.streaming.io.disk import run_dir, sweep_dead_runs
 from streambatch.streaming.io.objects import filesystem, is_remote, object_identity
 from streambatch.streaming.io.remote import RemoteShard
 from streambatch.streaming.io.retry import HTTPStatusError, RetryPolicy, ShortRead, is_transient
 from streambatch.streaming.pipeline.steps import lookahead
-
-from shards import FPS, write_corpus
+from tests.support.shards import FPS, write_corpus
 
 SIZES = [21, 17, 0, 25, 19, 23, 14]
 BUDGET, CAP = 400, 12
@@ -242,13 +241,11 @@ def test_index_split_and_merged_under_torchrun(tmp_path):
     import sys
 
     from streambatch.streaming.shards.catalog_file import read_catalog
-
-    from helpers import TESTS, free_port
+    from tests.support.helpers import ROOT, free_port
 
     brace, paths, _ = write_corpus(tmp_path / "d", SIZES, seed=4)
     cat = str(tmp_path / "t.catalog.npz")
-    here = TESTS
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join([here, os.path.dirname(here)]))
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=ROOT)
     out = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
                           "--master-addr", "127.0.0.1", "--master-port", str(free_port()), "-m", "streambatch.cli",
                           "index", brace, "--fps", str(FPS), "--workers", "1", "--catalog", cat],

@@ -17,16 +17,15 @@ import pytest
 import soundfile
 import torch.multiprocessing as mp
 import webdataset as wds
-from launch_remote import BUDGET, CAP, WINDOW, run_rank
 from torch.utils.data import DataLoader
 
 from streambatch.streaming import ShardError, StreamingBatches, index_shards
 from streambatch.streaming.io.retry import RetryPolicy
 from streambatch.streaming.shards.sidecar import read_arrays, sidecar_path
-
-from helpers import free_port
-from servers import FaultProxy, nginx_server, s3_server
-from shards import FPS, write_corpus
+from tests.support.helpers import free_port
+from tests.support.launch_remote import BUDGET, CAP, WINDOW, run_rank
+from tests.support.servers import FaultProxy, nginx_server, s3_server
+from tests.support.shards import FPS, write_corpus
 
 pytestmark = pytest.mark.slow
 

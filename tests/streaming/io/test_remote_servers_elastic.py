@@ -17,9 +17,8 @@ from torch.utils.data import DataLoader
 
 from streambatch.streaming import Source, StreamingBatches, index_shards
 from streambatch.streaming.io.retry import RetryPolicy
-
-from servers import FaultProxy, nginx_server, s3_server
-from shards import FPS, write_corpus
+from tests.support.servers import FaultProxy, nginx_server, s3_server
+from tests.support.shards import FPS, write_corpus
 
 pytestmark = pytest.mark.slow
 

@@ -21,16 +21,15 @@ import threading
 import time
 
 import pytest
-from launch_remote import BUDGET, CAP, WINDOW
 
 from streambatch.streaming import ShardError, StreamingBatches, index_shards
 from streambatch.streaming.io.remote import RemoteShard
 from streambatch.streaming.io.retry import RetryPolicy
 from streambatch.streaming.shards.catalog_file import read_catalog
 from streambatch.streaming.shards.sidecar import read_arrays, sidecar_path
-
-from servers import HOST, FaultProxy, nginx_server, s3_server
-from shards import FPS, write_corpus
+from tests.support.launch_remote import BUDGET, CAP, WINDOW
+from tests.support.servers import HOST, FaultProxy, nginx_server, s3_server
+from tests.support.shards import FPS, write_corpus
 
 SIZES = [9, 7, 11]
 FAST = RetryPolicy(timeout=2, retries=0)

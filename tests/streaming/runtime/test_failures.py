@@ -14,8 +14,7 @@ from torch.utils.data import DataLoader
 
 from streambatch.streaming import ShardError, StreamingBatches, index_shards
 from streambatch.streaming.runtime.failures import FailureChannel, open_channel
-
-from shards import FPS, write_corpus
+from tests.support.shards import FPS, write_corpus
 
 SIZES = [37, 23, 41, 29, 35, 18, 44, 31]
 BUDGET, CAP = 400, 12

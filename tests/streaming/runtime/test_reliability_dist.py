@@ -15,8 +15,8 @@ import pytest
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from helpers import free_port, lognormal_lengths
-from shards import FPS, write_corpus
+from tests.support.helpers import free_port, lognormal_lengths
+from tests.support.shards import FPS, write_corpus
 
 pytestmark = pytest.mark.slow  # real multi-process runs
 

@@ -16,8 +16,7 @@ from streambatch.streaming import StreamingBatches, index_shards, open_catalog
 from streambatch.streaming.io.ranged import load_npz
 from streambatch.streaming.shards.catalog_file import _text, catalog_arrays, read_catalog, write_catalog
 from streambatch.streaming.shards.catalog_trust import UntrustedCatalogError, check_trust, refusal, resolve
-
-from shards import FPS, write_corpus
+from tests.support.shards import FPS, write_corpus
 
 SIZES = [14, 9, 12]
 

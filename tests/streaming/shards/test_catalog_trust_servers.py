@@ -16,9 +16,8 @@ import pytest
 from streambatch.streaming import ShardError, StreamingBatches, index_shards
 from streambatch.streaming.io.retry import RetryPolicy
 from streambatch.streaming.shards.catalog_trust import UntrustedCatalogError
-
-from servers import nginx_server
-from shards import FPS, write_corpus
+from tests.support.servers import nginx_server
+from tests.support.shards import FPS, write_corpus
 
 pytestmark = pytest.mark.slow
 

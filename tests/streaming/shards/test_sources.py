@@ -11,9 +11,8 @@ import pytest
 
 from streambatch.streaming import StreamingBatches, index_shards
 from streambatch.streaming.shards.sources import Source
-
-from roundtrip import check_state_roundtrip
-from shards import FPS, write_corpus
+from tests.support.roundtrip import check_state_roundtrip
+from tests.support.shards import FPS, write_corpus
 
 BUDGET, CAP = 400, 6
 
@@ -71,7 +70,7 @@ def test_quotas_cycles_and_determinism(corpora):
 
 
 def test_windows_hold_the_sources_in_proportion(corpora):
-    from streambatch.streaming.epoch.mixes import mixed_inputs, source_of_shards
+    from streambatch.epoch.mixed_windows import mixed_inputs, source_of_shards
 
     ds = make(corpora, window_samples=30)
     sc = ds.sources

@@ -18,8 +18,7 @@ from streambatch.streaming.formats.tar_samples import parse_sample
 from streambatch.streaming.io.reader import LocalReader
 from streambatch.streaming.io.urls import expand_urls
 from streambatch.streaming.shards.sidecar import read_arrays, read_meta, shard_stat, write_sidecar
-
-from shards import FPS, SAMPLE_RATE, audio_bytes, wds_samples, write_corpus, write_with_shardwriter
+from tests.support.shards import FPS, SAMPLE_RATE, audio_bytes, wds_samples, write_corpus, write_with_shardwriter
 
 
 @pytest.fixture(scope="module")

@@ -9,9 +9,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from streambatch.planners.greedy.mt19937 import genrand_uint32, getrandbits, mt_new, randbelow, seed_key, shuffle_slice
-
-from helpers import examples
+from streambatch.planners.greedy.mt19937 import genrand_uint32, getrandbits, mt_new, randbelow, shuffle_slice
+from streambatch.planners.toolkit import seed_key
+from tests.support.helpers import examples
 
 SEEDS = [0, 1, -1, 42, 43, -42, 2**31 - 1, 2**32 - 1, 2**32, 2**32 + 1, 2**63 - 1, 2**64, 2**64 + 5,
          -(2**64 + 5), 2**70 + 12345, 2**200 + 3, 10**40]

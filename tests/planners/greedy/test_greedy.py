@@ -11,9 +11,8 @@ from hypothesis import event, example, given, settings
 from hypothesis import strategies as st
 
 from streambatch import make_plan
-from streambatch.planners import reference as naive
-
-from helpers import examples
+from streambatch.planners.greedy import reference as naive
+from tests.support.helpers import examples
 
 
 def rank_batches(plan) -> list[list[list[int]]]:

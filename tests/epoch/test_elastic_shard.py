@@ -13,12 +13,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from streambatch.epoch.shard_loop import affine_windows
+from streambatch.epoch.windows import WindowConfig
 from streambatch.streaming import StreamingBatches, index_shards
-from streambatch.streaming.epoch.shard_mode import affine_windows
-from streambatch.streaming.epoch.windows import WindowConfig
-
-from helpers import check_resizes, examples
-from shards import FPS, write_corpus
+from tests.support.helpers import check_resizes, examples
+from tests.support.shards import FPS, write_corpus
 
 # ------------------------------------------------------------ the plan layer
 
@@ -99,7 +98,7 @@ def test_packed_shard_segments_train_every_sample_once(counts, history, world, d
 
 
 def test_no_segments_is_iter_windows():
-    from streambatch.streaming.epoch.modes import iter_windows
+    from streambatch.epoch.read_modes import iter_windows
 
     rng = np.random.default_rng(4)
     counts = rng.integers(10, 40, 20)

@@ -8,11 +8,11 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from streambatch.core.constraint import BatchLimits
 from streambatch.core.cost import CostModel
-from streambatch.streaming.epoch.affinity.holders import relax_to_holders, swap_to_holders, to_holders
-from streambatch.streaming.epoch.affinity.plan import foreign_samples, plan_affine_window
-
-from helpers import examples
+from streambatch.planners.shard_affine.holders import relax_to_holders, swap_to_holders, to_holders
+from streambatch.planners.shard_affine.planner import foreign_samples, plan_affine_window
+from tests.support.helpers import examples
 
 NONE = np.zeros(0, dtype=np.int64)
 
@@ -72,7 +72,7 @@ def test_final_window_costs_fewer_ranged_reads():
         for w in (8, 16):
             lengths = np.minimum(np.ceil(rng.lognormal(5.5, 0.6, 400 * w)), 8000).astype(np.int64)
             lengths[rng.choice(lengths.size, 3 * w, replace=False)] = rng.integers(3300, 8000, 3 * w)
-            aw = plan_affine_window(NONE, NONE, lengths, 16000, 64, w, True, True, False, seed, {})
+            aw = plan_affine_window(NONE, NONE, lengths, BatchLimits(16000, 64), w, True, True, False, seed)
             total += foreign_samples(aw.plan, aw.holder).shape[0]
             trained = np.sort(aw.plan.samples)
             assert np.array_equal(np.unique(trained), np.arange(lengths.size))  # exactly once (+ padding)

@@ -12,12 +12,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from streambatch import CostModel, make_plan
+from streambatch.epoch.elastic import plan_segments, step_samples
 from streambatch.planners import UnknownOptionError
-from streambatch.planners.elastic import plan_segments, step_samples
-from streambatch.planners.packed.kernels import pack_steps
-from streambatch.planners.packed.plan import rotate_ranks
-
-from helpers import examples, lognormal_lengths
+from streambatch.planners.bucketed.packed import rotate_ranks
+from streambatch.planners.bucketed.packed_steps import pack_steps
+from tests.support.helpers import examples, lognormal_lengths
 
 I64_MAX = np.iinfo(np.int64).max
 

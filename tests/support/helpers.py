@@ -11,8 +11,11 @@ import numpy as np
 
 # Set by conftest.py before any test module is imported: "1" under --full.
 FULL = os.environ.get("STREAMBATCH_FULL_TESTS") == "1"
-# The tests/ folder (helpers, shards, launchers; test files live in sub-folders that mirror the package).
-TESTS = os.path.dirname(os.path.abspath(__file__))
+# tests/support/ (helpers, shards, servers, launchers: imported as tests.support.*) and the tests/ folder (test
+# files live in sub-folders that mirror the package).
+SUPPORT = os.path.dirname(os.path.abspath(__file__))
+TESTS = os.path.dirname(SUPPORT)
+ROOT = os.path.dirname(TESTS)
 
 
 def examples(n: int) -> int:

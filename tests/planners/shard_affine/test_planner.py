@@ -11,14 +11,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from streambatch.core.constraint import BatchLimits
+from streambatch.epoch.read_modes import iter_windows
+from streambatch.epoch.windows import WindowConfig, summarize
+from streambatch.planners.shard_affine.planner import cut_points, plan_affine_window, water_levels
+from streambatch.planners.shard_affine.walk import affine_steps, packed_affine_steps
 from streambatch.streaming import StreamingBatches, index_shards
-from streambatch.streaming.epoch.affinity.kernels import affine_steps, packed_affine_steps
-from streambatch.streaming.epoch.affinity.plan import cut_points, plan_affine_window, water_levels
-from streambatch.streaming.epoch.modes import iter_windows, summarize
-from streambatch.streaming.epoch.windows import WindowConfig
-
-from helpers import examples
-from shards import FPS, write_corpus
+from tests.support.helpers import examples
+from tests.support.shards import FPS, write_corpus
 
 # ------------------------------------------------------------ the walk kernel
 
@@ -223,12 +223,11 @@ def test_packed_shard_mode_epoch_invariants(w, shard_sizes, window, drop_last, e
 
 def test_packed_window_balance_and_tail():
     from streambatch import CostModel
-
-    from helpers import lognormal_lengths
+    from tests.support.helpers import lognormal_lengths
 
     lens = lognormal_lengths(24_000, seed=5)
     none = np.zeros(0, np.int64)
-    aw = plan_affine_window(none, none, lens, 16_000, 64, 8, True, False, False, 1, {"pack": True})
+    aw = plan_affine_window(none, none, lens, BatchLimits(16_000, 64, pack=True), 8, True, False, False, 1)
     plan = aw.plan
     sizes = np.diff(plan.offsets)
     real = np.add.reduceat(lens[plan.samples], plan.offsets[:-1])
@@ -268,11 +267,11 @@ def test_empty_rank_and_tiny_epochs_still_give_equal_steps():
 
 
 def test_balance_on_audio_like_lengths():
-    from helpers import lognormal_lengths
+    from tests.support.helpers import lognormal_lengths
 
     lens = lognormal_lengths(24_000, seed=5)
     none = np.zeros(0, np.int64)
-    aw = plan_affine_window(none, none, lens, 16_000, 64, 8, True, False, False, 1, {})
+    aw = plan_affine_window(none, none, lens, BatchLimits(16_000, 64), 8, True, False, False, 1)
     plan = aw.plan
     sizes = np.diff(plan.offsets)
     longest = np.maximum.reduceat(lens[plan.samples], plan.offsets[:-1])

@@ -11,10 +11,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from numba import njit
-from test_greedy import cfg_of, check_against_naive
 
 from streambatch import make_plan
-from streambatch.planners.greedy.kernels import _CHILD, _ROOT, _SIB, _Groups, _meld, _pop_root, _reset
+from streambatch.planners.greedy.placement import _CHILD, _ROOT, _SIB, _Groups, _meld, _pop_root, _reset
+from tests.planners.greedy.test_greedy import cfg_of, check_against_naive
 
 
 @njit(cache=True)

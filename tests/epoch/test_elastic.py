@@ -13,10 +13,9 @@ from hypothesis import strategies as st
 from torch.utils.data import DataLoader
 
 from streambatch import DynamicBatchSampler, make_plan
-from streambatch.planners.elastic import check_segments, plan_segments, resize, step_samples
-
-from helpers import Echo, examples, lognormal_lengths
-from roundtrip import check_state_roundtrip
+from streambatch.epoch.elastic import check_segments, plan_segments, resize, step_samples
+from tests.support.helpers import Echo, examples, lognormal_lengths
+from tests.support.roundtrip import check_state_roundtrip
 
 LENGTHS = lognormal_lengths(2000, seed=11)
 

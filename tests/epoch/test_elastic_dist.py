@@ -21,8 +21,8 @@ import numpy as np
 import pytest
 import torch.multiprocessing as mp
 
-from helpers import Echo, free_port, lognormal_lengths, wait_for_files
-from shards import FPS, write_corpus
+from tests.support.helpers import Echo, free_port, lognormal_lengths, wait_for_files
+from tests.support.shards import FPS, write_corpus
 
 pytestmark = pytest.mark.slow  # real multi-process runs
 

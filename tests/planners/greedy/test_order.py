@@ -9,12 +9,12 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from streambatch.planners.greedy.mt19937 import mt_new, seed_key
-from streambatch.planners.greedy.order import radix_argsort, sortish_order
-from streambatch.planners.reference import chunk_size
-from streambatch.planners.reference import sortish_order as naive_sortish
-
-from helpers import examples
+from streambatch.planners.greedy.mt19937 import mt_new
+from streambatch.planners.greedy.order import sortish_order
+from streambatch.planners.greedy.reference import chunk_size
+from streambatch.planners.greedy.reference import sortish_order as naive_sortish
+from streambatch.planners.toolkit import radix_argsort, seed_key
+from tests.support.helpers import examples
 
 INT64_MAX = 2**63 - 1
 

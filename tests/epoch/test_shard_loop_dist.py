@@ -9,11 +9,10 @@ import os
 import pytest
 import torch.multiprocessing as mp
 
+from streambatch.epoch.read_modes import iter_windows
 from streambatch.streaming import StreamingBatches, index_shards
-from streambatch.streaming.epoch.modes import iter_windows
-
-from helpers import free_port
-from shards import FPS, write_corpus
+from tests.support.helpers import free_port
+from tests.support.shards import FPS, write_corpus
 
 pytestmark = pytest.mark.slow  # real multi-process runs
 

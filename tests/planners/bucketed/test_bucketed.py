@@ -14,15 +14,12 @@ from hypothesis import strategies as st
 from streambatch import make_plan
 from streambatch.core.cost import CostModel
 from streambatch.core.hashing import _mix, hash_array
-from streambatch.planners import PLANNERS, register_planner
-from streambatch.planners.bucketed.kernels import _TAGS, bucket_sort, deal_rank, step_permutation
-from streambatch.planners.bucketed.plan import DEFAULT_BUCKET_WIDTH, _hash_words, bucket_edges, plan_bucketed, plan_key
-from streambatch.planners.bucketed.plan import _mix as _py_mix
-
-from helpers import examples
-
-if "bucketed" not in PLANNERS:
-    register_planner("bucketed", plan_bucketed)
+from streambatch.planners import PLANNERS
+from streambatch.planners.bucketed.planner import DEFAULT_BUCKET_WIDTH, _hash_words, bucket_edges, plan_key
+from streambatch.planners.bucketed.planner import _mix as _py_mix
+from streambatch.planners.bucketed.steps import _TAGS, bucket_sort, deal_rank
+from streambatch.planners.toolkit import step_permutation
+from tests.support.helpers import examples
 
 COSTS = [None, CostModel.linear(), CostModel.quadratic(), CostModel.quadratic_duration(50)]
 
@@ -195,7 +192,7 @@ def test_edge_cases():
 def test_wide_lengths_use_the_wide_paths():
     # lengths too large for the bucket table and for int32 (linear cost keeps int64 safe)
     lengths = np.random.default_rng(0).integers(1, 2**33, 500)
-    p = plan_bucketed(lengths, 2**36, 8, 2, True, False, 0, 0, cost="linear")
+    p = PLANNERS["bucketed"](lengths, 2**36, 8, 2, True, False, 0, 0, cost="linear")
     check_invariants(p, lengths, 2**36, 8, 2, False, "linear")
     mid = np.random.default_rng(1).integers(1, 2**20, 500)
     check_invariants(plan(mid, max_batch_tokens=2**23, max_batch_size=8, world_size=2), mid, 2**23, 8, 2, False)

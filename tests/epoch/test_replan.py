@@ -11,13 +11,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from streambatch.epoch.sample_loop import plain_inputs, plan_windows
+from streambatch.epoch.windows import WindowConfig
 from streambatch.streaming import StreamingBatches, index_shards
-from streambatch.streaming.epoch.sample_mode import plain_inputs, plan_windows
-from streambatch.streaming.epoch.windows import WindowConfig
 from streambatch.streaming.shards.sources import Source
-
-from helpers import check_resizes, examples
-from shards import FPS, write_corpus
+from tests.support.helpers import check_resizes, examples
+from tests.support.shards import FPS, write_corpus
 
 SIZES = [31, 27, 0, 40, 22, 35, 29, 18, 33]
 BUDGET, CAP = 400, 4

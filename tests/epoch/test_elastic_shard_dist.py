@@ -15,8 +15,8 @@ import pickle
 import pytest
 import torch.multiprocessing as mp
 
-from helpers import free_port, wait_for_files
-from shards import FPS, write_corpus
+from tests.support.helpers import free_port, wait_for_files
+from tests.support.shards import FPS, write_corpus
 
 pytestmark = pytest.mark.slow  # real multi-process runs
 

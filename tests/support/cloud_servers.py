@@ -24,10 +24,10 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from helpers import free_port
-from servers import HOST, _stop, wait_port
+from tests.support.helpers import free_port
+from tests.support.servers import HOST, _stop, wait_port
 
-REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 # gcsfs >= 2026 probes for hierarchical-namespace buckets over gRPC first: a 60 s wait per bucket against a
 # JSON-only server. Read when gcsfs is imported, so it is set here and in conftest.py, before any import of it.

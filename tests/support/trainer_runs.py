@@ -9,7 +9,7 @@ import collections
 import json
 import os
 
-from helpers import lognormal_lengths
+from tests.support.helpers import lognormal_lengths
 
 WORLD = 2
 N, BUDGET, CAP = 600, 3000, 16

@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from helpers import free_port
+from tests.support.helpers import free_port
 
 HOST = "127.0.0.1"
 S3_KEY = S3_SECRET = "testing"  # moto accepts any credentials

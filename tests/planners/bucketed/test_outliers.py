@@ -11,18 +11,18 @@ import numpy as np
 import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
-from test_bucketed import check_invariants
 
 from streambatch import DynamicBatchSampler, make_plan
 from streambatch.cli.args import length_limit
 from streambatch.cli.outliers import find_outliers
 from streambatch.cli.plan import resolve_max_length
 from streambatch.cli.report import epoch_time_bound, plan_batches, quality
-from streambatch.planners.bucketed.kernels import head_step, sparse_layout, time_rate
-from streambatch.streaming.epoch.modes import iter_windows, summarize
-from streambatch.streaming.epoch.windows import WindowConfig
-
-from helpers import examples
+from streambatch.core.cost import CostModel
+from streambatch.epoch.read_modes import iter_windows
+from streambatch.epoch.windows import WindowConfig, summarize
+from streambatch.planners.bucketed.steps import head_step, sparse_layout, time_rate
+from tests.planners.bucketed.test_bucketed import check_invariants
+from tests.support.helpers import examples
 
 BUDGET, CAP, FPS = 16_000, 64, 50
 
@@ -75,6 +75,11 @@ def test_head_keeps_the_plan_invariants(lengths, world, drop_last, seed):
 
 def naive_cost(code: int, q: int, count: int, longest: int) -> int:
     return count * longest * (1 if code == 0 else longest if code == 1 else q + longest)
+
+
+def coefficients(code: int, q: int) -> tuple[int, int]:
+    """What kernels take for the twins' (code, q): ``CostModel.coefficients``."""
+    return (CostModel.linear(), CostModel.quadratic(), CostModel.quadratic_duration(max(q, 1)))[code].coefficients
 
 
 def naive_contiguous(slen, p, w, tokens, size, code, q, limit):
@@ -172,7 +177,7 @@ def test_head_step_matches_a_naive_twin(slen, skip, w, tokens, size, code, q, ca
         cap = naive_cost(code, q, 1, slen[p])
     order = np.arange(len(slen), dtype=np.int32)
     arr = np.array(slen, dtype=np.int16)
-    chosen, used = head_step(order, arr, p, w, tokens, size, code, q, cap, long_only)
+    chosen, used = head_step(order, arr, p, w, tokens, size, *coefficients(code, q), cap, long_only)
     want = naive_head_step(slen, p, w, tokens, size, code, q, cap, long_only)
     if want is None:
         assert used == 0 and order.tolist() == list(range(len(slen)))
@@ -195,7 +200,8 @@ def test_sparse_layout_matches_a_naive_twin(slen, skip, w, tokens, size, code, q
     top = max(naive_cost(code, q, c, x) for c, x in zip(sizes0, longest0))
     lone = naive_cost(code, q, 1, slen[p])
     rate = naive_time_rate(slen, p, end0, sizes0, longest0, code, q)
-    assert time_rate(arr, p, end0, np.array(sizes0), np.array(longest0), w, code, q) == pytest.approx(rate)
+    got = time_rate(arr, p, end0, np.array(sizes0), np.array(longest0), w, *coefficients(code, q))
+    assert got == pytest.approx(rate)
     # naive: limits from top down by 5 % while not below lone; the least time rate if below the unlimited one
     best = (-1, None, None)
     limit = top
@@ -209,7 +215,7 @@ def test_sparse_layout_matches_a_naive_twin(slen, skip, w, tokens, size, code, q
         r = naive_time_rate(slen, p, end, sizes, longest, code, q)
         if r < rate:
             rate, best = r, (end, sizes, longest)
-    end, sizes, longest = sparse_layout(arr, p, w, tokens, size, code, q, top, lone, naive_time_rate(
+    end, sizes, longest = sparse_layout(arr, p, w, tokens, size, *coefficients(code, q), top, lone, naive_time_rate(
         slen, p, end0, sizes0, longest0, code, q))
     assert end == best[0]
     if end >= 0:
