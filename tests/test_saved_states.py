@@ -15,9 +15,10 @@ import os
 import pytest
 
 from streambatch import DynamicBatchSampler
-from streambatch.streaming import Source, StreamingBatches, index_shards
+from streambatch.streaming import Source, StreamingBatches
+from tests.support.corpus import index_corpus
 from tests.support.helpers import lognormal_lengths
-from tests.support.shards import FPS, write_corpus
+from tests.support.shards import write_corpus
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -32,7 +33,7 @@ def corpora() -> dict[str, str]:
     out = {}
     for name, sizes, seed in (("a", [21, 17, 0, 25, 19, 23, 14, 22], 17), ("b", [9, 14, 7, 12], 4)):
         brace, _, _ = write_corpus(name, sizes, seed=seed, prefix=name)
-        index_shards(brace, frames_per_second=FPS, workers=1, progress=False)
+        index_corpus(brace)
         out[name] = brace
     return out
 

@@ -22,7 +22,6 @@ import pytest
 import torch.multiprocessing as mp
 
 from tests.support.helpers import Echo, free_port, lognormal_lengths, wait_for_files
-from tests.support.shards import FPS, write_corpus
 
 pytestmark = pytest.mark.slow  # real multi-process runs
 
@@ -92,13 +91,9 @@ def _rank(rank, old, new, ports, steps, pattern, out, workers):
 
 
 @pytest.fixture(scope="module")
-def corpus(tmp_path_factory):
-    from streambatch.streaming import index_shards
-
-    d = tmp_path_factory.mktemp("edist")
-    brace, _, expected = write_corpus(d, [31, 27, 0, 40, 22, 35, 29, 18, 33], seed=13)
-    index_shards(brace, frames_per_second=FPS, workers=1, progress=False)
-    return brace, sorted(expected)
+def corpus(make_corpus):
+    c = make_corpus([31, 27, 0, 40, 22, 35, 29, 18, 33], seed=13, name="edist")
+    return c.brace, sorted(c.expected)
 
 
 # 8 spawned processes each import torch: 40-50 s here at load 4, 219 s seen on a machine busier still; the

@@ -17,7 +17,7 @@ from streambatch.epoch.shard_loop import affine_windows
 from streambatch.epoch.windows import WindowConfig
 from streambatch.streaming import StreamingBatches, index_shards
 from tests.support.helpers import check_resizes, examples
-from tests.support.shards import FPS, write_corpus
+from tests.support.shards import FPS
 
 # ------------------------------------------------------------ the plan layer
 
@@ -117,11 +117,9 @@ BUDGET, CAP = 400, 4
 
 
 @pytest.fixture(scope="module")
-def corpus(tmp_path_factory):
-    d = tmp_path_factory.mktemp("eshard")
-    brace, _, expected = write_corpus(d, SIZES, seed=17)
-    index_shards(brace, frames_per_second=FPS, workers=1, progress=False)
-    return brace, expected
+def corpus(make_corpus):
+    c = make_corpus(SIZES, seed=17, name="eshard")
+    return c.brace, c.expected
 
 
 def make(src, rank, world, **kw):

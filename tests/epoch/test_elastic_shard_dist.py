@@ -16,7 +16,6 @@ import pytest
 import torch.multiprocessing as mp
 
 from tests.support.helpers import free_port, wait_for_files
-from tests.support.shards import FPS, write_corpus
 
 pytestmark = pytest.mark.slow  # real multi-process runs
 
@@ -76,13 +75,9 @@ def _rank(rank, old, new, ports, steps, pattern, out, workers):
 
 
 @pytest.fixture(scope="module")
-def corpus(tmp_path_factory):
-    from streambatch.streaming import index_shards
-
-    d = tmp_path_factory.mktemp("esdist")
-    brace, _, expected = write_corpus(d, [21, 17, 0, 25, 19, 23, 14, 22, 18, 20, 16, 24, 15, 21, 19, 13], seed=17)
-    index_shards(brace, frames_per_second=FPS, workers=1, progress=False)
-    return brace, sorted(expected)
+def corpus(make_corpus):
+    c = make_corpus([21, 17, 0, 25, 19, 23, 14, 22, 18, 20, 16, 24, 15, 21, 19, 13], seed=17, name="esdist")
+    return c.brace, sorted(c.expected)
 
 
 # 8 spawned processes each import torch: 40-50 s here at load 4, 219 s seen on a machine busier still; the

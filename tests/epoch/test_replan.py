@@ -13,23 +13,19 @@ from hypothesis import strategies as st
 
 from streambatch.epoch.sample_loop import plain_inputs, plan_windows
 from streambatch.epoch.windows import WindowConfig
-from streambatch.streaming import StreamingBatches, index_shards
+from streambatch.streaming import StreamingBatches
 from streambatch.streaming.shards.sources import Source
 from tests.support.helpers import check_resizes, examples
-from tests.support.shards import FPS, write_corpus
 
 SIZES = [31, 27, 0, 40, 22, 35, 29, 18, 33]
 BUDGET, CAP = 400, 4
 
 
 @pytest.fixture(scope="module")
-def corpus(tmp_path_factory):
-    d = tmp_path_factory.mktemp("elastic")
-    brace, _, expected = write_corpus(d, SIZES, seed=13)
-    index_shards(brace, frames_per_second=FPS, workers=1, progress=False)
-    other, _, more = write_corpus(d / "o", [12, 9], seed=5, prefix="o")
-    index_shards(other, frames_per_second=FPS, workers=1, progress=False)
-    return brace, sorted(expected), other, sorted(more)
+def corpus(make_corpus):
+    a = make_corpus(SIZES, seed=13, name="elastic")
+    o = make_corpus([12, 9], seed=5, prefix="o", name="elastic-o")
+    return a.brace, sorted(a.expected), o.brace, sorted(o.expected)
 
 
 def make(src, rank, world, **kw):

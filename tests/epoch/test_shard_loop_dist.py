@@ -10,9 +10,10 @@ import pytest
 import torch.multiprocessing as mp
 
 from streambatch.epoch.read_modes import iter_windows
-from streambatch.streaming import StreamingBatches, index_shards
+from streambatch.streaming import StreamingBatches
+from tests.support.corpus import index_corpus
 from tests.support.helpers import free_port
-from tests.support.shards import FPS, write_corpus
+from tests.support.shards import write_corpus
 
 pytestmark = pytest.mark.slow  # real multi-process runs
 
@@ -41,7 +42,7 @@ def _rank(rank, world, init_method, pattern, out_dir):
 
 def test_shard_mode_four_gloo_ranks_two_workers(tmp_path):
     brace, _, expected = write_corpus(tmp_path / "data", [31, 27, 0, 40, 22, 35, 29, 18, 33, 26, 30], seed=17)
-    index_shards(brace, frames_per_second=FPS, workers=1, progress=False)
+    index_corpus(brace)
     port = free_port()
     mp.start_processes(_rank, args=(WORLD, f"tcp://127.0.0.1:{port}", brace, str(tmp_path)), nprocs=WORLD,
                        join=True, start_method="spawn")

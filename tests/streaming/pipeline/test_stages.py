@@ -19,7 +19,7 @@ from streambatch.epoch import read_modes as modes
 from streambatch.epoch.epoch_plan import EpochPlan
 from streambatch.epoch.read_modes import READ_MODES, iter_windows, resolve_mode
 from streambatch.epoch.windows import WindowConfig
-from streambatch.streaming import ShardError, StreamingBatches, index_shards
+from streambatch.streaming import ShardError, StreamingBatches
 from streambatch.streaming.io.remote_io import RemoteOptions
 from streambatch.streaming.pipeline import samples as stages
 from streambatch.streaming.pipeline.reads import Raw, SampleReads, Step
@@ -29,18 +29,15 @@ from streambatch.streaming.shards import lists as lists_module
 from streambatch.streaming.shards.catalog_file import catalog_arrays, write_catalog
 from streambatch.streaming.shards.lists import IndexOptions, ShardLists
 from streambatch.streaming.shards.sources import Source
-from tests.support.shards import FPS, write_corpus
 
 SIZES = [13, 0, 21, 8, 17, 11]
 BUDGET, CAP = 300, 6
 
 
 @pytest.fixture(scope="module")
-def corpus(tmp_path_factory):
-    root = tmp_path_factory.mktemp("stages")
-    brace, paths, lengths = write_corpus(root / "a", SIZES, seed=11, prefix="a")
-    index_shards(brace, frames_per_second=FPS, workers=1, progress=False)
-    return brace, paths, lengths
+def corpus(make_corpus):
+    c = make_corpus(SIZES, seed=11, prefix="a", name="stages")
+    return c.brace, c.paths, c.expected
 
 
 def opened(corpus, window=25, world=2, read_mode="sample"):

@@ -9,10 +9,11 @@ import collections
 import numpy as np
 import pytest
 
-from streambatch.streaming import StreamingBatches, index_shards
+from streambatch.streaming import StreamingBatches
 from streambatch.streaming.shards.sources import Source
+from tests.support.corpus import index_corpus
 from tests.support.roundtrip import check_state_roundtrip
-from tests.support.shards import FPS, write_corpus
+from tests.support.shards import write_corpus
 
 BUDGET, CAP = 400, 6
 
@@ -23,7 +24,7 @@ def corpora(tmp_path_factory):
     a, _, ka = write_corpus(d / "a", [30, 25, 0, 35, 20, 28], seed=3, prefix="a")
     b, _, kb = write_corpus(d / "b", [9, 14, 7], seed=4, prefix="b")
     for brace in (a, b):
-        index_shards(brace, frames_per_second=FPS, workers=1, progress=False)
+        index_corpus(brace)
     return a, b, sorted(ka), sorted(kb)
 
 

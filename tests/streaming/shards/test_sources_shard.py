@@ -14,6 +14,7 @@ import pytest
 from streambatch.epoch.mixed_windows import source_of_shards
 from streambatch.streaming import StreamingBatches, index_shards
 from streambatch.streaming.shards.sources import Source
+from tests.support.corpus import index_corpus
 from tests.support.roundtrip import check_state_roundtrip
 from tests.support.shards import FPS, write_corpus
 
@@ -26,7 +27,7 @@ def corpora(tmp_path_factory):
     a, _, ka = write_corpus(d / "a", [30, 25, 0, 35, 20, 28, 31, 22], seed=3, prefix="a")
     b, _, kb = write_corpus(d / "b", [9, 14, 7, 12], seed=4, prefix="b")
     for brace in (a, b):
-        index_shards(brace, frames_per_second=FPS, workers=1, progress=False)
+        index_corpus(brace)
     return a, b, sorted(ka), sorted(kb)
 
 
