@@ -104,7 +104,7 @@ class StreamingBatches(IterableDataset):
                 storage_options=storage_options, cache_dir=cache_dir, prefetch_shards=prefetch_shards,
                 prefetch_bytes=prefetch_bytes, retry=retry, trust_catalog=trust_catalog, decode=decode,
                 collate_fn=collate_fn, on_error=on_error)
-            self.verify = o.verify
+            self.verify = o.checks.ranks
             self.rank, world = resolve_world(rank, world_size)
             max_length, long_samples = check_max_length(max_length, long_samples)
             mode = resolve_mode(read_mode, lambda: lists.all_local(o.remote))  # the read mode's strategy, once
@@ -128,7 +128,7 @@ class StreamingBatches(IterableDataset):
             try:
                 # Catalog: every shard's URL, sidecar and sample lengths (a mix's sources, source after source)
                 self.sources, self.catalog = lists.open(o.index, o.remote)
-                if self.verify:  # remote shards changed since indexing: fail now, not mid-epoch
+                if o.checks.remote:  # remote shards changed since indexing: fail now, not mid-epoch
                     check_identity(self.catalog, self.rank, world, o.remote.storage_options, o.remote.retry)
                 self.remote = RemoteIO.for_catalog(self.catalog, self.rank, o.remote, world,
                                                    self.config.window_samples, mode.rank_share)

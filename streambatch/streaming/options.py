@@ -13,8 +13,11 @@ them (TypeError/ValueError naming the bad one) and groups them:
   retry, trust_catalog;
 - ``output``: ``OutputOptions`` (``pipeline/samples.py``), what a step
   becomes: decode, collate_fn, on_error;
-- ``verify``: whether the ranks check, under torch.distributed, that they
-  built the same dataset and resume at the same position.
+- ``checks``: ``Checks``, the three things ``verify`` switches, parsed once:
+  whether the ranks check, under torch.distributed, that they built the same
+  dataset and resume at the same position; how each local shard is checked
+  against its sidecar; whether each remote shard is checked against its
+  indexed size and ETag.
 
 The planning settings (budget, cap, planner, window, read mode, shuffle,
 seed, max_length) are the ``WindowConfig`` (``epoch/windows.py``).
@@ -36,12 +39,30 @@ from .shards.catalog_trust import check_trust
 from .shards.lists import IndexOptions
 
 
-def check_verify(verify: Any) -> tuple[bool, str]:
-    """``verify`` -> (whether to check across ranks, the shard check: ``"full"`` or ``"stat"``)."""
-    if isinstance(verify, str) and verify != "full":
-        raise TypeError(f"verify must be True, False or 'full', got {verify!r}")
-    verify_shards = "full" if verify == "full" else "stat"
-    return (True if verify_shards == "full" else check_flag("verify", verify)), verify_shards
+@dataclass(frozen=True)
+class Checks:
+    """What ``verify`` switches, by name (``Checks.parse``, once per dataset).
+
+    ranks: under torch.distributed, the ranks agree at construction (and in a
+        main-process ``load_state_dict``) that they built the same dataset and
+        resume alike.
+    shards: each local shard against its sidecar: ``"stat"`` (size and
+        mtime) or ``"full"`` (its content re-hashed).
+    remote: each remote shard against its indexed size and ETag, at
+        construction (a shard changed since indexing fails now, not mid-epoch).
+    """
+
+    ranks: bool
+    shards: str
+    remote: bool
+
+    @classmethod
+    def parse(cls, verify: Any) -> Checks:
+        """``verify``: True (the default: ranks, stat, remote), False (none but the stat check) or ``"full"``."""
+        if isinstance(verify, str) and verify != "full":
+            raise TypeError(f"verify must be True, False or 'full', got {verify!r}")
+        on = True if verify == "full" else check_flag("verify", verify)
+        return cls(ranks=on, shards="full" if verify == "full" else "stat", remote=on)
 
 
 @dataclass(frozen=True)
@@ -51,7 +72,7 @@ class Options:
     index: IndexOptions
     remote: RemoteOptions
     output: OutputOptions
-    verify: bool
+    checks: Checks
 
     @classmethod
     def build(cls, *, index_missing: Any = False, length_from: LengthFrom | None = None,
@@ -62,8 +83,8 @@ class Options:
               decode: Any = None, collate_fn: Any = None, on_error: Any = "raise") -> Options:
         """Check every setting, in the order the constructor always has."""
         index_missing = check_flag("index_missing", index_missing)
-        cross_check, shard_check = check_verify(verify)
-        index = IndexOptions(index_missing, length_from, frames_per_second, index_workers, shard_check)
+        checks = Checks.parse(verify)
+        index = IndexOptions(index_missing, length_from, frames_per_second, index_workers, checks.shards)
         remote = RemoteOptions.build(storage_options, cache_dir, prefetch_shards, prefetch_bytes, retry,
                                      check_trust(trust_catalog))
-        return cls(index, remote, OutputOptions.build(decode, collate_fn, on_error), cross_check)
+        return cls(index, remote, OutputOptions.build(decode, collate_fn, on_error), checks)
