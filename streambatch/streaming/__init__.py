@@ -15,6 +15,7 @@ from .formats.audio import collate_audio, decode_audio
 from .formats.packed import collate_packed
 from .io.retry import RetryPolicy
 from .io.urls import expand_urls
+from .options import IndexSettings, OutputSettings, RemoteSettings
 from .shards.catalog import Catalog, open_catalog
 from .shards.indexer import IndexSummary, index_shards
 from .shards.lengths import LengthSpec, length_spec
@@ -24,5 +25,5 @@ from .shards.sources import Source
 __all__ = [
     "StreamingBatches", "index_shards", "IndexSummary", "LengthSpec", "length_spec", "sidecar_path",
     "ShardError", "CacheError", "EpochSummary", "Catalog", "open_catalog", "expand_urls", "collate_audio",
-    "decode_audio", "Source", "collate_packed", "RetryPolicy",
+    "decode_audio", "Source", "collate_packed", "RetryPolicy", "IndexSettings", "RemoteSettings", "OutputSettings",
 ]

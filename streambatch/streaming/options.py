@@ -1,8 +1,13 @@
 """The settings of a ``StreamingBatches`` beyond planning, grouped by the
 stage that uses them.
 
-The constructor keeps its flat keywords; inside, ``Options.build`` checks
-them (TypeError/ValueError naming the bad one) and groups them:
+Users pass them as flat keywords (``cache_dir=...``) or as three small
+setting objects with the same field names, one per group (``IndexSettings``,
+``RemoteSettings``, ``OutputSettings``: ``remote=RemoteSettings(cache_dir=...)``,
+as mosaic's ``Stream`` holds a source's settings); ``ungroup`` turns the
+objects back into the keywords, refusing a keyword given both ways. Inside,
+``Options.build`` checks them (TypeError/ValueError naming the bad one) and
+groups them by stage:
 
 - ``index``: ``IndexOptions`` (``shards/lists.py``), the catalog stage:
   index_missing, length_from, frames_per_second, index_workers, and
@@ -27,7 +32,7 @@ Stream: nothing: checked settings."""
 from __future__ import annotations
 
 from collections.abc import Collection
-from dataclasses import dataclass
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from ..core.types import IntLike, LengthFrom
@@ -37,6 +42,64 @@ from .io.retry import RetryPolicy
 from .pipeline.samples import OutputOptions
 from .shards.catalog_trust import check_trust
 from .shards.lists import IndexOptions
+
+
+@dataclass(frozen=True)
+class IndexSettings:
+    """Where sidecars are and how missing local ones are indexed (``StreamingBatches(index=...)``; the same names
+    as its flat keywords, whose defaults these are)."""
+
+    index_dir: str | None = None
+    index_missing: bool = False
+    length_from: LengthFrom | None = None
+    frames_per_second: float | None = None
+    index_workers: IntLike | None = 1
+
+
+@dataclass(frozen=True)
+class RemoteSettings:
+    """Remote shards and catalogs (``StreamingBatches(remote=...)``): fsspec options (never logged), the node-local
+    cache root, downloads ahead per worker, the ``RetryPolicy`` (or a number of retries), what a catalog file may
+    list."""
+
+    storage_options: dict[str, Any] | None = field(default=None, repr=False)  # may hold credentials
+    cache_dir: str | None = None
+    prefetch_shards: IntLike = 4
+    prefetch_bytes: IntLike | None = None
+    retry: RetryPolicy | int | None = None
+    trust_catalog: bool | Collection[str] = False
+
+
+@dataclass(frozen=True)
+class OutputSettings:
+    """What a step becomes (``StreamingBatches(output=...)``): decoding, collation, and whether a sample that
+    cannot be read or decoded raises or is skipped."""
+
+    decode: Any = None
+    collate_fn: Any = None
+    on_error: Any = "raise"
+
+
+GROUPS = {"index": IndexSettings, "remote": RemoteSettings, "output": OutputSettings}
+
+
+def ungroup(groups: dict[str, Any], flat: dict[str, Any]) -> dict[str, Any]:
+    """The flat keywords (``flat``, as passed) with the fields of the setting objects in ``groups`` ({"index":
+    IndexSettings | None, ...}) filled in. A field given both ways (the keyword away from its default) raises."""
+    out = dict(flat)
+    for name, value in groups.items():
+        kind = GROUPS[name]
+        if value is None:
+            continue
+        if not isinstance(value, kind):
+            raise TypeError(f"{name} must be a streambatch.streaming.{kind.__name__}, got {value!r:.100}")
+        defaults = kind()
+        for f in fields(kind):
+            if flat[f.name] is not getattr(defaults, f.name) and flat[f.name] != getattr(defaults, f.name):
+                raise ValueError(f"{f.name} was given both as a keyword and in {name}={kind.__name__}(...); give it "
+                                 "once")
+            out[f.name] = getattr(value, f.name)
+    return out
 
 
 @dataclass(frozen=True)
