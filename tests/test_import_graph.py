@@ -238,3 +238,19 @@ def test_the_graph_sees_imports():
     edges = {t for t, _ in imports("streambatch.planners.shard_affine.planner")}
     assert "streambatch.planners.options" in edges and "streambatch.planners.shard_affine.holders" in edges
     assert {t for t, _ in imports("streambatch.planners.greedy.placement")} >= {"streambatch.planners.toolkit"}
+
+
+def test_no_two_classes_share_a_name():
+    # one name, one class: a reader who greps a name finds the one thing it means (there were two EpochPlans)
+    import ast
+    import collections
+
+    where = collections.defaultdict(list)
+    for m, path in MODULES.items():
+        with open(path) as f:
+            for node in ast.walk(ast.parse(f.read())):
+                if isinstance(node, ast.ClassDef):
+                    where[node.name].append(m)
+    twice = {name: ms for name, ms in where.items() if len(ms) > 1}
+    assert not twice, twice
+    assert len(where["EpochPlan"]) == 1 and where["EpochPlan"] == ["streambatch.epoch.epoch_plan"]
