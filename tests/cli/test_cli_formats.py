@@ -1,5 +1,5 @@
 """``streambatch plan`` and ``streambatch index`` on Lhotse Shar, NeMo tarred
-and Parquet corpora (written by their own tools, tests/corpora.py): lengths
+and Parquet corpora (written by their own tools, tests/support/corpora.py): lengths
 from the formats' metadata, the same numbers StreamingBatches plans from."""
 
 from __future__ import annotations
@@ -12,8 +12,7 @@ import pytest
 
 from streambatch.cli.main import main
 from streambatch.streaming import StreamingBatches
-
-from corpora import FPS, write_nemo, write_parquet, write_shar
+from tests.support.corpora import FPS, write_nemo, write_parquet, write_shar
 
 
 @pytest.fixture(scope="module")

@@ -19,9 +19,8 @@ from lhotse.dataset import AudioSamples, DynamicBucketingSampler, K2SpeechRecogn
 from torch.utils.data import DataLoader  # noqa: E402
 
 from streambatch.integrations.lhotse import BalancedCutSampler  # noqa: E402
-
-from corpora import clips, write_shar  # noqa: E402
-from roundtrip import check_state_roundtrip  # noqa: E402
+from tests.support.corpora import clips, write_shar  # noqa: E402
+from tests.support.roundtrip import check_state_roundtrip  # noqa: E402
 
 N = 48
 

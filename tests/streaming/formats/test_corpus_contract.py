@@ -1,6 +1,6 @@
 """The contract every corpus format meets through StreamingBatches, checked on
-a real corpus of each (written by the format's own tools: tests/corpora.py,
-tests/shards.py): every sample exactly once per epoch (but the counted
+a real corpus of each (written by the format's own tools: tests/support/corpora.py,
+tests/support/shards.py): every sample exactly once per epoch (but the counted
 padding), equal steps on every rank, exact resume, elastic resume on another
 world size, and about 1/W of the bytes per rank where the format allows it
 (tar formats in either read mode; Parquet in shard mode, its default).
@@ -22,22 +22,19 @@ import os
 
 import pytest
 
-from streambatch.streaming import FORMATS, Source, StreamingBatches, index_shards
-
-from corpora import FPS, write_nemo, write_parquet, write_shar
-from helpers import FULL
-from roundtrip import check_state_roundtrip
-from shards import write_corpus
+from streambatch.streaming import FORMATS, Source, StreamingBatches
+from tests.support.corpora import FPS, write_nemo, write_parquet, write_shar
+from tests.support.corpus import indexed_corpus
+from tests.support.helpers import FULL
+from tests.support.roundtrip import check_state_roundtrip
 
 BUDGET, CAP, WINDOW = 600, 10, 80
 N = 150
 
 
 def _webdataset(d):
-    sizes = [N // 6] * 6
-    brace, paths, expected = write_corpus(d, sizes, seed=3)
-    index_shards(brace, frames_per_second=FPS, workers=1, progress=False)
-    return brace, expected, paths
+    c = indexed_corpus(d, [N // 6] * 6, seed=3)  # tests/support/shards.py's tars, indexed beside them
+    return c.brace, c.expected, c.paths
 
 
 def _shar(d):

@@ -14,9 +14,8 @@ import pytest
 import torch.multiprocessing as mp
 
 from streambatch.streaming import Source, StreamingBatches
-
-from corpora import FPS, write_nemo, write_parquet, write_shar
-from helpers import free_port
+from tests.support.corpora import FPS, write_nemo, write_parquet, write_shar
+from tests.support.helpers import free_port
 
 pytestmark = pytest.mark.slow  # real multi-process runs
 

@@ -1,5 +1,5 @@
 """NeMo tarred audio through StreamingBatches: tars and manifests in the
-layout of NeMo's convert_to_tarred_audio_dataset.py (tests/corpora.py),
+layout of NeMo's convert_to_tarred_audio_dataset.py (tests/support/corpora.py),
 samples compared with plain tarfile reads of the members the manifest names,
 one manifest or sharded ones (NeMo's _OP_/_CL_ braces too), the -subN
 entries, damage reported, and (slow tier) the corpus on S3."""
@@ -16,9 +16,8 @@ import pytest
 
 from streambatch.streaming import NemoTarred, ShardError, StreamingBatches
 from streambatch.streaming.shards.corpora.nemo import member_name, nemo_braces
-
-from corpora import FPS, write_nemo
-from servers import s3_server
+from tests.support.corpora import FPS, write_nemo
+from tests.support.servers import s3_server
 
 
 @pytest.fixture(scope="module")

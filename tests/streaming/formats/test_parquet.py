@@ -21,9 +21,8 @@ from torch.utils.data import DataLoader
 
 from streambatch.streaming import Parquet, ShardError, StreamingBatches, collate_audio
 from streambatch.streaming.shards.corpora import resolve
-
-from corpora import FPS, SAMPLE_RATE, write_parquet
-from servers import nginx_server, s3_server
+from tests.support.corpora import FPS, SAMPLE_RATE, write_parquet
+from tests.support.servers import nginx_server, s3_server
 
 pq = pytest.importorskip("pyarrow.parquet")
 

@@ -14,9 +14,8 @@ import numpy as np
 import pytest
 
 from streambatch.streaming import Shar, ShardError, StreamingBatches
-
-from corpora import FPS, write_shar
-from servers import nginx_server, s3_server
+from tests.support.corpora import FPS, write_shar
+from tests.support.servers import nginx_server, s3_server
 
 lhotse = pytest.importorskip("lhotse")
 

@@ -23,8 +23,9 @@ import tarfile
 import numpy as np
 import soundfile
 
+from tests.support.shards import FPS  # planning frames per second, as for the tar corpora
+
 SAMPLE_RATE = 8000
-FPS = 100
 
 
 def frames_of(duration: float) -> int:
