@@ -47,13 +47,21 @@ def shard_list(text: str) -> list[str]:
     return [text]
 
 
-def load_inputs(inputs: list[str], field: str | None, fps: float | None, index_dir: str | None
-                ) -> tuple[np.ndarray, str, float | None]:
+def load_inputs(inputs: list[str], field: str | None, fps: float | None, index_dir: str | None,
+                fmt: str | None = None) -> tuple[np.ndarray, str, float | None]:
     """(N,) int64 lengths of all inputs in order, where they came from, and
-    frames per second (given, or read from the shards' sidecars) or None."""
+    frames per second (given, or read from the shards' sidecars) or None.
+    Corpora of other formats (Shar, NeMo, Parquet: ``formats.py``) plan from their own metadata."""
+    from .formats import corpus_lengths, corpus_of
     from .manifest import read_lengths
 
     parts, names = [], []
+    corpora = {text: found for text in inputs if (found := corpus_of(text, fmt)) is not None}
+    for text, found in corpora.items():
+        lens, name = corpus_lengths(text, found, field, fps)
+        parts.append(lens)
+        names.append(name)
+    inputs = [text for text in inputs if text not in corpora]
     shards = [s for text in inputs if is_shards(text) for s in shard_list(text)]
     files = [text for text in inputs if not is_shards(text)]
     if shards:
@@ -114,7 +122,7 @@ def load_mix(args: argparse.Namespace) -> tuple[np.ndarray, str, float | None, A
     sources = parse_mix(args.mix)
     parts, names, fps = [], [], args.frames_per_second
     for text, _, _ in sources:
-        lens, name, got = load_inputs([text], args.field, fps, args.index_dir)
+        lens, name, got = load_inputs([text], args.field, fps, args.index_dir, args.format)
         fps = fps or got
         parts.append(lens)
         names.append(name.split(" (")[0])
@@ -147,7 +155,8 @@ def run_plan(args: argparse.Namespace) -> int:
     elif args.samples_per_epoch is not None:
         raise ValueError("--samples-per-epoch applies to --mix")
     else:
-        lengths, source, fps = load_inputs(args.inputs, args.field, args.frames_per_second, args.index_dir)
+        lengths, source, fps = load_inputs(args.inputs, args.field, args.frames_per_second, args.index_dir,
+                                           args.format)
     limit = resolve_max_length(args.max_length, fps)
     over = too_long(lengths, *check_max_length(limit, args.long_samples))
     # A mix plans the epoch's draw (its indices address all sources' lengths): long samples are left out of
@@ -279,7 +288,11 @@ def add_parser(sub: Any, planners: list[str], seed_exact: str) -> None:
         "                       VoxCPM-style: duration or audio_duration; others: --field)\n"
         "  'train-{000000..000099}.tar', *.tar, or a directory\n"
         "                       indexed WebDataset shards (see `streambatch index`); a directory\n"
-        "                       means every .tar shard under it, subdirectories included\n\n"
+        "                       means every .tar shard under it, subdirectories included\n"
+        "  shar/, *.parquet, tarred_audio_manifest.json --format nemo\n"
+        "                       a Lhotse Shar directory, Parquet files (lengths from a column:\n"
+        "                       --field duration) or a NeMo tarred corpus: lengths from their own\n"
+        "                       metadata, no index needed\n\n"
         "Lengths are in the units of --max-batch-tokens (frames, tokens); durations in seconds\n"
         "need --frames-per-second.\n\n"
         "--mix plans a weighted mix of several INPUTs instead (as DynamicBatchSampler.mixed and\n"
@@ -306,6 +319,9 @@ def add_parser(sub: Any, planners: list[str], seed_exact: str) -> None:
     pl.add_argument("--frames-per-second", "--fps", type=positive_float, metavar="FPS",
                     help="values are seconds: length = ceil(seconds x this) (e.g. 50 or 100)")
     pl.add_argument("--index-dir", metavar="DIR", help="where the shards' sidecars are, if not next to the shards")
+    pl.add_argument("--format", choices=("webdataset", "shar", "nemo", "parquet"), default=None,
+                    help="read INPUTs as corpora of this format (default: Shar directories and Parquet files are "
+                         "detected; a .json is a lengths manifest unless --format nemo)")
     pl.add_argument("--max-length", type=length_limit, metavar="L",
                     help="leave out samples longer than this: length units (1500) or seconds (30s, needs the "
                          "frame rate)")

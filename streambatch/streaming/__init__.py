@@ -1,4 +1,5 @@
-"""Streaming over WebDataset tar shards: sidecar indexes and StreamingBatches.
+"""Streaming over WebDataset tar shards (sidecar indexes) and other corpus formats (Lhotse Shar, NeMo tarred
+audio, Parquet: ``shards/corpora/``): StreamingBatches.
 
 ``StreamingBatches`` (``dataset.py``) wires the stages, one sub-package each, lowest first: ``formats``
 (tar bytes -> samples), ``io`` (bytes of local and remote shards), ``runtime`` (counters shared with DataLoader
@@ -17,6 +18,7 @@ from .io.retry import RetryPolicy
 from .io.urls import expand_urls
 from .options import IndexSettings, OutputSettings, RemoteSettings
 from .shards.catalog import Catalog, open_catalog
+from .shards.corpora import FORMATS, CorpusFormat, NemoTarred, Parquet, Shar, WebDataset, register_format
 from .shards.indexer import IndexSummary, index_shards
 from .shards.lengths import LengthSpec, length_spec
 from .shards.sidecar import sidecar_path
@@ -26,4 +28,5 @@ __all__ = [
     "StreamingBatches", "index_shards", "IndexSummary", "LengthSpec", "length_spec", "sidecar_path",
     "ShardError", "CacheError", "EpochSummary", "Catalog", "open_catalog", "expand_urls", "collate_audio",
     "decode_audio", "Source", "collate_packed", "RetryPolicy", "IndexSettings", "RemoteSettings", "OutputSettings",
+    "Shar", "NemoTarred", "Parquet", "WebDataset", "FORMATS", "CorpusFormat", "register_format",
 ]

@@ -52,6 +52,13 @@ class StreamingBatches(IterableDataset):
         shards: ``s3://``, ``gs://``, ``https://``, ``hf://``, ``pipe:``); or a list of ``Source(urls,
         weight=...)`` to mix corpora: each epoch takes every source's quota, read in cycles, each window holding
         the sources in proportion (``shards/sources.py``); ``samples_per_epoch``: a weighted mix's epoch size.
+        Other corpus formats (``shards/corpora/``) are read where they are: a Lhotse Shar directory, a NeMo
+        tarred manifest, Parquet files, or their spec objects (``Shar(...)``, ``NemoTarred(...)``,
+        ``Parquet(...)``); their lengths come from their own metadata (``length_from``, default
+        ``json:duration`` for Shar and NeMo, ``column:duration`` for Parquet; seconds need
+        ``frames_per_second``).
+    format: the corpus format of ``urls`` (``"webdataset"``, ``"shar"``, ``"nemo"``, ``"parquet"``), or None:
+        detected from what ``urls`` is (a Source may name its own).
     max_batch_tokens, max_batch_size, shuffle, drop_last, planner, **planner_options: as for ``make_plan`` and
         ``DynamicBatchSampler`` (the same names; shuffle, drop_last, rank, world_size, seed in the sampler's order),
         per window. The planner defaults to ``"bucketed"`` (it balances and pads best; ``DynamicBatchSampler``
@@ -89,8 +96,9 @@ class StreamingBatches(IterableDataset):
                  rank: IntLike | None = None, world_size: IntLike | None = None, seed: IntLike = 42,
                  planner: str = RECOMMENDED, verify: bool | str = True, max_length: IntLike | None = None,
                  long_samples: str = "drop", window_samples: IntLike | None = None, read_mode: str | None = None,
-                 samples_per_epoch: IntLike | None = None, index: IndexSettings | None = None,
-                 remote: RemoteSettings | None = None, output: OutputSettings | None = None,
+                 samples_per_epoch: IntLike | None = None, format: str | None = None,
+                 index: IndexSettings | None = None, remote: RemoteSettings | None = None,
+                 output: OutputSettings | None = None,
                  index_dir: str | None = None, index_missing: bool = False,
                  length_from: LengthFrom | None = None, frames_per_second: float | None = None,
                  index_workers: IntLike | None = 1,
@@ -111,7 +119,8 @@ class StreamingBatches(IterableDataset):
                  trust_catalog=trust_catalog, decode=decode, collate_fn=collate_fn, on_error=on_error)
         try:
             s = ungroup({"index": index, "remote": remote, "output": output}, s)
-            lists = ShardLists(urls, samples_per_epoch=samples_per_epoch, index_dir=s.pop("index_dir"))
+            lists = ShardLists(urls, samples_per_epoch=samples_per_epoch, index_dir=s.pop("index_dir"),
+                                format=format)
             self.options = o = Options.build(verify=verify, **s)
             self.verify = o.checks.ranks
             self.rank, world = resolve_world(rank, world_size)
