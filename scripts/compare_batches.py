@@ -34,11 +34,10 @@ import time
 import numpy as np
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.join(HERE, "..", "tests"))
+sys.path.insert(0, os.path.join(HERE, ".."))  # the repository root: tests.support
 
 from streambatch.streaming import Source, StreamingBatches, index_shards  # noqa: E402
-
-from shards import FPS, write_corpus  # noqa: E402
+from tests.support.shards import FPS, write_corpus  # noqa: E402
 
 
 def corpora(root: str) -> dict[str, str]:
