@@ -3,38 +3,14 @@
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
-import os
 import sys
 from typing import Any
 
+from ..torch_glue.step_script import load_step
 from .args import Formatter, positive_float, whole
 
-
-def load_step(spec: str):
-    """``FILE.py:FUNC`` -> the step function ``FUNC()`` returns: ``step(batch_size, length)``
-    runs one forward + backward + optimizer step on a batch of that shape."""
-    path, sep, name = spec.rpartition(":")
-    if not sep or not path.endswith(".py") or not name.isidentifier():
-        raise ValueError(f"--script takes FILE.py:FUNCTION (e.g. my_step.py:make_step), got {spec!r}")
-    if not os.path.isfile(path):
-        raise ValueError(f"--script {spec!r}: no such file {path!r}")
-    module_spec = importlib.util.spec_from_file_location("streambatch_user_step", path)
-    module = importlib.util.module_from_spec(module_spec)
-    sys.path.insert(0, os.path.dirname(os.path.abspath(path)))  # the script's own imports, as `python FILE` would
-    try:
-        module_spec.loader.exec_module(module)
-    finally:
-        sys.path.pop(0)
-    make = getattr(module, name, None)
-    if not callable(make):
-        raise ValueError(f"--script {spec!r}: {path} defines no function {name!r}")
-    step = make()
-    if not callable(step):
-        raise TypeError(f"--script {spec!r}: {name}() must return a function step(batch_size, length), "
-                        f"got {type(step).__name__}")
-    return step
+__all__ = ["add_parser", "load_step", "run_calibrate"]
 
 
 def run_calibrate(args: argparse.Namespace) -> int:
