@@ -77,6 +77,11 @@ class MemoryModel:
     m2: float
     measured: str = "given"
     device: str = "unknown"
+    # what a calibration found (set by fit and load; not part of the model's identity)
+    fit_report = None  # dict: per shape measured / predicted bytes, errors, the searches
+    limits = None  # LimitCurve under margin * limit_bytes, or None
+    limit_bytes = None  # the memory limit the curve is drawn under (bytes), or None
+    margin = None  # the fraction of it the curve uses, or None
 
     def __post_init__(self) -> None:
         for name in ("m0", "m1", "m2"):
@@ -137,9 +142,14 @@ class MemoryModel:
             how = "model and search" if found else "model"
             limits = LimitCurve.from_sizes(sizes, f"memory {how}, {check_margin(margin):.0%} of {gib:.3g} GiB, "
                                                   f"{model.measured}")
-        object.__setattr__(model, "fit_report", report)
-        object.__setattr__(model, "limits", limits)
+        model._attach(report, limits, limit, options.get("margin", 0.9) if limit is not None else None)
         return model
+
+    def _attach(self, report: dict | None, limits: LimitCurve | None, limit_bytes: Any, margin: Any) -> None:
+        object.__setattr__(self, "fit_report", report)
+        object.__setattr__(self, "limits", limits)
+        object.__setattr__(self, "limit_bytes", None if limit_bytes is None else parse_bytes(limit_bytes))
+        object.__setattr__(self, "margin", None if margin is None else check_margin(margin))
 
     # ------------------------------------------------------------ on disk
 
@@ -160,7 +170,12 @@ class MemoryModel:
 
     def save(self, path: str | os.PathLike, fit: dict | None = None, limits: LimitCurve | None = None,
              limit_bytes: int | None = None, margin: float | None = None) -> None:
-        """Write the model, and what its calibration found, as JSON."""
+        """Write the model, and what its calibration found (default: this model's
+        ``fit_report``, ``limits``, ``limit_bytes``, ``margin``), as JSON."""
+        fit = self.fit_report if fit is None else fit
+        limits = self.limits if limits is None else limits
+        limit_bytes = self.limit_bytes if limit_bytes is None else limit_bytes
+        margin = self.margin if margin is None else margin
         d = self.to_dict()
         if limit_bytes is not None:
             d["limit_bytes"] = int(limit_bytes)
@@ -176,8 +191,14 @@ class MemoryModel:
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> MemoryModel:
-        """A model written by ``save`` / ``streambatch calibrate --memory``."""
-        return cls.from_dict(read_json(path, "memory model"), repr(os.fspath(path)))
+        """A model written by ``save`` / ``streambatch calibrate --memory``, with
+        what the calibration found (``limits``, ``limit_bytes``, ``margin``, ``fit_report``)."""
+        where = repr(os.fspath(path))
+        d = read_json(path, "memory model")
+        model = cls.from_dict(d, where)
+        limits = LimitCurve.from_dict(d["limits"], where) if isinstance(d.get("limits"), dict) else None
+        model._attach(d.get("fit"), limits, d.get("limit_bytes"), d.get("margin"))
+        return model
 
     def __repr__(self) -> str:
         return f"MemoryModel(m0={self.m0!r}, m1={self.m1!r}, m2={self.m2!r}, measured={self.measured!r})"

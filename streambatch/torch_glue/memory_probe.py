@@ -10,9 +10,15 @@ memory), with attributes ``measured`` (how) and ``device``:
 - ``SubprocessProbe``: a fresh ``python -m streambatch.torch_glue.memory_probe
   FILE.py:FUNC B L`` per shape, which builds the step, runs it ``repeats``
   times (the optimizer's state exists from the second step on) and reports
-  its peak resident memory (``VmHWM``, else ``ru_maxrss``). The weaker
-  measurement: it counts the interpreter, torch and the allocator's kept
-  pages, a few hundred MB in ``m0``, and costs a process start per shape.
+  its peak resident memory (``VmHWM``, else ``ru_maxrss``). glibc's malloc
+  is told to map every block over 128 KiB on its own
+  (``MALLOC_MMAP_THRESHOLD_``, unless set), so a freed tensor leaves the
+  process and the peak counts what the step holds at once, not what the
+  allocator happened to keep (without it the peak of the same shape varied
+  by 15 % and was not monotone in B). The weaker measurement still: it
+  counts the interpreter and torch (a few hundred MB, in ``m0``), a training
+  process with the default malloc may peak higher (what the margin is for),
+  and each shape costs a process start.
 - ``InProcessProbe``: the step in this process, its peak resident memory after
   resetting the high-water mark (Linux ``/proc/self/clear_refs``). Weaker
   still: pages the allocator kept from earlier steps count. It is what
@@ -34,6 +40,7 @@ from typing import Any
 from ..core.memory_fit import Measurement
 from .step_script import check_spec, load_step
 
+MMAP_THRESHOLD = 128 * 1024  # bytes: larger blocks are mapped alone and unmapped when freed (glibc)
 MARK = "STREAMBATCH_MEMORY "  # the child's report line, apart from whatever the user's script prints
 
 
@@ -153,6 +160,7 @@ class SubprocessProbe:
         # the child imports this package as the parent does, wherever the parent's copy lives
         root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
         env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
+        env.setdefault("MALLOC_MMAP_THRESHOLD_", str(MMAP_THRESHOLD))
         t0 = time.perf_counter()
         try:
             done = subprocess.run(cmd, capture_output=True, text=True, timeout=self.timeout, env=env)
