@@ -138,7 +138,7 @@ class LimitCheck:
         return f"{over.size} of {n} batches exceed the limit curve; worst: {rows}"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class LimitCurve:
     """The largest batch that fits, as a function of padded length (module docstring).
 
@@ -291,6 +291,12 @@ class LimitCurve:
     def load(cls, path: str | os.PathLike) -> LimitCurve:
         """A curve written by ``save``, or the curve of a ``streambatch calibrate --memory`` file."""
         return cls.from_dict(read_json(path, "limit curve"), repr(os.fspath(path)))
+
+    def __eq__(self, other: object) -> bool:
+        return (isinstance(other, LimitCurve) and np.array_equal(self.upper, other.upper)
+                and np.array_equal(self.max_batch, other.max_batch) and self.source == other.source)
+
+    __hash__ = None  # type: ignore[assignment]  # arrays inside: equal by value, not hashable
 
     def __repr__(self) -> str:
         pts = ", ".join(f"<={u}: {b}" for u, b in zip(self.upper[:4].tolist(), self.max_batch[:4].tolist()))

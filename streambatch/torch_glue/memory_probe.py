@@ -180,11 +180,13 @@ class SubprocessProbe:
 
 
 def probe_for(step: Any, device: Any = None) -> Any:
-    """A probe for ``step``: a probe as is; ``FILE.py:FUNC`` in a subprocess per
+    """A probe for ``step``: a probe as is (any callable with a ``measured``
+    attribute returning ``Measurement``); ``FILE.py:FUNC`` in a subprocess per
     shape on a CPU (loaded here on CUDA); a callable in this process (CUDA when
     ``device`` is a CUDA device, or None and torch has initialised CUDA)."""
-    if isinstance(step, (CudaProbe, InProcessProbe, SubprocessProbe)):
-        return step
+    if isinstance(step, (CudaProbe, InProcessProbe, SubprocessProbe)) or (callable(step) and
+                                                                         hasattr(step, "measured")):
+        return step  # a probe: its own (an object with ``measured``, returning a Measurement)
     torch = sys.modules.get("torch")
     cuda = (str(device).startswith("cuda") if device is not None
             else torch is not None and torch.cuda.is_available() and torch.cuda.is_initialized())
