@@ -105,7 +105,8 @@ def model_batch(coefs: tuple[float, float, float], length: np.ndarray, budget: f
 def combine_sizes(model_sizes: np.ndarray, found: list[Bisection]) -> np.ndarray:
     """(L_max + 1,) int64 batch sizes: the model's (``model_sizes``), scaled by
     the measured ratio ``ok / model`` at each searched length (interpolated in
-    between, held beyond), then clipped per length ``L`` to ``[ok_j, fail_i - 1]``
+    between, held beyond; never below 1 where nothing failed up to the
+    search's cap), then clipped per length ``L`` to ``[ok_j, fail_i - 1]``
     where ``L_j`` is the next searched length >= L (its fitting batch fits at
     any shorter length) and ``L_i`` the last one < L (its failing batch fails
     at any longer length)."""
@@ -115,7 +116,9 @@ def combine_sizes(model_sizes: np.ndarray, found: list[Bisection]) -> np.ndarray
         return sizes
     L = np.arange(sizes.size, dtype=np.float64)
     at = np.array([f.length for f in found], dtype=np.float64)
-    ratio = np.array([f.ok / max(f.guess, 1) for f in found], dtype=np.float64)
+    # nothing failed up to the cap: the batch that fits is at least ``ok``, so the model is not scaled down
+    ratio = np.array([f.ok / max(f.guess, 1) if f.fail is not None else max(1.0, f.ok / max(f.guess, 1))
+                      for f in found], dtype=np.float64)
     scaled = np.floor(sizes * np.interp(L, at, ratio)).astype(np.int64)
     lo = np.zeros(sizes.size, dtype=np.int64)
     hi = np.full(sizes.size, np.iinfo(np.int64).max, dtype=np.int64)

@@ -123,6 +123,9 @@ def test_the_curve_follows_the_search_where_the_model_is_wrong():
     assert (sizes[1:] <= truth[1:] + 1).all()  # never above what fits (the ratio is interpolated exactly here)
     assert sizes[100] == found[0].ok and sizes[1000] == found[1].ok
     assert (sizes[101:1001] <= found[0].fail - 1).all() and (sizes[:1001] >= found[1].ok).all()
+    # a search that stopped at its cap (nothing failed) says the model may be right: it is not scaled down
+    capped = combine_sizes(model_sizes, [Bisection(10, int(1e5), 1024, None, ()), found[1]])
+    assert capped[10] == model_sizes[10] and capped[1000] == found[1].ok
 
 
 def test_the_search_runs_a_real_step_that_raises_out_of_memory():
