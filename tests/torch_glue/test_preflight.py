@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 
 from streambatch import DynamicBatchSampler, make_plan
 from streambatch.cli.main import main
-from streambatch.core.limits import BatchShapes
+from streambatch.core.limits import BatchShapes, LimitCurve
 from streambatch.core.memory import MemoryModel
 from streambatch.core.memory_fit import Measurement
 from streambatch.streaming import StreamingBatches, index_shards
@@ -284,8 +284,8 @@ def test_calibrate_memory_command_writes_the_model_and_its_curve(tmp_path, capsy
     model = MemoryModel.load(out)
     assert model.limits is not None and model.limit_bytes == 2 * 2**30 and model.margin == 0.9
     assert "bisection" not in model.fit_report  # --search 0: the model's curve alone
-    assert model.limits == model.limit_curve(2 * 2**30, 400, 0.9).__class__.from_sizes(
-        model.max_batch_size(np.arange(401), 2 * 2**30, 0.9), model.limits.source)
+    assert model.limits == LimitCurve.from_sizes(model.max_batch_size(np.arange(401), 2 * 2**30, 0.9),
+                                                 model.limits.source)
     assert main(["calibrate", "--memory", "--script", f"{tmp_path}/model.py:make_step", "--device", "cpu",
                  "--max-batch-tokens", "3000", "--max-length", "400"]) == 2
     assert "--memory-limit is required on a CPU" in capsys.readouterr().err
