@@ -570,7 +570,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", default=os.environ.get("OUT", "gpu_suite_out"), help="output folder (default: $OUT)")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--quick", action="store_true", help="a subsample of the corpus, a tiny model, few steps")
-    p.add_argument("--quick-samples", type=int, default=3000)
+    p.add_argument("--quick-samples", type=int, default=2000)
     p.add_argument("--size", choices=sorted(SIZES), help="model size (default: base on CUDA, tiny with --quick)")
     p.add_argument("--attention", choices=("math", "sdpa"), default="math", help="padded batches' attention")
     p.add_argument("--no-flex", action="store_true", help="skip the flex attention packed row")
@@ -592,7 +592,7 @@ def main(argv: list[str] | None = None) -> int:
         args.fps = 25.0 if args.quick else 100.0  # --quick: 40 ms frames, so a CPU runs the longest clips fast
     if args.quick:
         args.steps, args.lengths, args.search = min(args.steps, 2), min(args.lengths, 3), min(args.search, 1)
-        args.fit_seconds = min(args.fit_seconds, 20.0)
+        args.fit_seconds = min(args.fit_seconds, 10.0)
     if args.device == "cpu":
         torch.set_num_threads(max(1, min(4, os.cpu_count() or 1)))
         glibc_maps_large_blocks()

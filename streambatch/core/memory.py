@@ -128,6 +128,10 @@ class MemoryModel:
         ``limits`` is the calibrated ``LimitCurve`` (the model's, through the
         batch sizes the searched lengths measured), else None. ``measured`` and
         ``device`` default to the probe's attributes of those names."""
+        if options.get("limit_bytes") is not None:
+            options["limit_bytes"] = parse_bytes(options["limit_bytes"], "limit_bytes")
+        if "margin" in options:
+            options["margin"] = check_margin(options["margin"])
         coefs, report, found = calibrate_memory(probe, shapes, **options)
         model = cls(*coefs, measured=measured or getattr(probe, "measured", "probe"),
                     device=device or getattr(probe, "device", "unknown"))

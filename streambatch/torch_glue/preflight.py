@@ -22,6 +22,7 @@ call this.
 from __future__ import annotations
 
 import dataclasses
+import os
 from dataclasses import dataclass
 from typing import Any
 
@@ -151,8 +152,8 @@ def select(shapes: BatchShapes, packed: bool, memory: MemoryModel | None, top: i
         return []
     count, length = shapes.padded_equivalent(packed)
     c, L = count.astype(np.float64), length.astype(np.float64)
-    if memory is not None:
-        cost = memory.packed_peak(shapes.sum_len, shapes.sum_sq) if packed else memory.peak(count, length)
+    if memory is not None:  # what is run: a packed batch as its padded equivalent
+        cost = memory.peak(count, length)
         rankings = [("costliest", cost, top)]
     else:  # no model: the batches that lead under either part of a step's memory
         cost = c * L * L
@@ -186,7 +187,7 @@ def run_preflight(shapes: BatchShapes, step: Any, *, packed: bool = False, memor
     for name, v in (("top", top), ("longest", longest)):
         if isinstance(v, bool) or not isinstance(v, int) or v < 0:
             raise ValueError(f"{name} must be a whole number >= 0 of shapes to try, got {v!r}")
-    model = MemoryModel.load(memory) if isinstance(memory, str) else memory
+    model = MemoryModel.load(memory) if isinstance(memory, (str, os.PathLike)) else memory
     if model is not None and not isinstance(model, MemoryModel):
         raise TypeError(f"memory must be a MemoryModel or a memory JSON file, got {type(model).__name__}")
     probe = probe_for(step, device)
@@ -203,9 +204,7 @@ def run_preflight(shapes: BatchShapes, step: Any, *, packed: bool = False, memor
     rows = []
     for i, why in select(shapes, packed, model, top, longest):
         b, L = int(count[i]), int(length[i])
-        pred = None
-        if model is not None:
-            pred = float(model.packed_peak(shapes.sum_len[i], shapes.sum_sq[i]) if packed else model.peak(b, L))
+        pred = None if model is None else float(model.peak(b, L))
         m = probe(b, L)
         peak = m.peak_bytes
         ok = not m.oom and (limit is None or peak is None or peak <= limit)

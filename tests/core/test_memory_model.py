@@ -101,10 +101,12 @@ def test_the_fit_recovers_the_coefficients_and_the_search_draws_the_curve():
     m0, m1, m2 = 3e8, 5e3, 40.0
     limit = parse_bytes("2GiB")
     model = MemoryModel.fit(synthetic(m0, m1, m2, oom_above=limit), max_batch_tokens=40_000, max_length=2000,
-                            limit_bytes=limit, margin=0.9, bisect=3)
+                            limit_bytes="2GiB", margin=0.9, bisect=3)
     assert (model.m0, model.m1, model.m2) == pytest.approx((m0, m1, m2), rel=1e-6)
     r = model.fit_report
     assert r["median_abs_error_pct"] < 1e-6 and r["out_of_memory"]  # the budget's largest shapes ran out
+    with pytest.raises(ValueError, match="margin must be a fraction"):
+        MemoryModel.fit(synthetic(m0, m1, m2), max_batch_tokens=4000, max_length=200, limit_bytes=limit, margin=2)
     assert model.measured == "probe" and model.limit_bytes == limit and model.margin == 0.9
     for b in r["bisection"]:  # exact peaks: the search agrees with the model within its gap
         assert b["largest_fitting"] <= b["model_batch"] < (b["smallest_failing"] or 10**9)
