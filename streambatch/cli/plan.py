@@ -8,7 +8,6 @@ the report is ``streambatch.report``'s.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import os
 import re
@@ -128,8 +127,8 @@ def load_mix(args: argparse.Namespace) -> tuple[np.ndarray, str, float | None, A
 def run_plan(args: argparse.Namespace) -> int:
     from ..core.config import PlanConfig
     from ..core.long_samples import check_max_length, too_long
-    from ..planners import get_planner, make_plan, plan_epoch
-    from ..planners.epoch import plan_epoch_steps
+    from ..epoch.in_memory import InMemory
+    from ..planners import make_plan
     from .figures import check_figure_path, plot_plan
     from .metrics import epoch_time_bound, format_time_report, mix_shares, plan_batches, quality, time_report
     from .outliers import find_outliers
@@ -137,10 +136,9 @@ def run_plan(args: argparse.Namespace) -> int:
 
     plot = check_figure_path(args.plot) if args.plot else None
     options = dict(args.planner_option)
-    planner = get_planner(args.planner)
-    packed = planner.packs(planner.resolve(options))  # sum(L) <= budget batches: metrics without padding
     config = PlanConfig.build(args.max_batch_tokens, args.max_batch_size, args.world_size, not args.no_shuffle,
                               args.drop_last, args.seed, args.planner, options)
+    packed = config.limits.pack  # sum(L) <= budget batches: metrics without padding
     mix = None
     if args.mix:
         lengths, source, fps, mix, names = load_mix(args)
@@ -160,16 +158,12 @@ def run_plan(args: argparse.Namespace) -> int:
     # Load the compiled planner first, so the time below is planning only.
     make_plan(np.ones(args.world_size, dtype=np.int64), config)
 
-    def plan_fn(lens: np.ndarray, world: int, seed: int, epoch: int):
-        return plan_epoch(lens, dataclasses.replace(config, world_size=world, seed=seed), epoch)
-
     t = time.perf_counter()
     if mix is None:
         plan = make_plan(lengths, config, epoch=args.epoch)
         held = lengths  # what the epoch holds
     else:
-        plan = plan_epoch_steps(lengths, plan_fn, args.world_size, args.seed, args.epoch, mix=mix,
-                                shuffle=not args.no_shuffle, keep=keep).plan
+        plan, _ = InMemory(lengths, mix, keep).plan(config, args.epoch)  # the sampler's epoch of a mix
         drawn = mix.draw(args.seed, args.epoch, not args.no_shuffle)
         held = lengths[drawn if keep is None else drawn[np.isin(drawn, keep)]]
     seconds = time.perf_counter() - t

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from helpers import TESTS
+from tests.support.helpers import TESTS
 
 ROOT = os.path.dirname(TESTS)
 EXCERPT = re.compile(r"^# excerpt of (examples/[\w./-]+\.py)\s*$")

@@ -25,8 +25,7 @@ from hypothesis import strategies as st
 
 from streambatch import make_plan
 from streambatch.planners import PLANNERS, Planner, UnknownOptionError, register_planner
-
-from helpers import examples
+from tests.support.helpers import examples
 
 for _module in filter(None, (m.strip() for m in os.environ.get("STREAMBATCH_PLANNER_MODULES", "").split(","))):
     importlib.import_module(_module)  # registers its planners, which the tests below are parametrized over
