@@ -285,9 +285,10 @@ def plan_configs(frames: np.ndarray, fps: float, w: int, budget_a: int, budget_b
 
     out = []
     for label, budget in (("(a) budget", budget_a), ("(b) curve*", budget_b)):
-        # HOOK (issue 34, phase 2): when the planner kernels take the limit curve (helper A's constraint
-        # object), plan (b) with the curve itself, e.g. make_plan(frames, ..., limits=curve), instead of the
-        # emulating budget: rows marked * are the curve emulated by LimitCurve.budget_within.
+        # HOOK (issue 34, phase 2): when the planner kernels take the limit curve (through the batch rule,
+        # core/constraint.py: the curve in BatchLimits, its table in BatchConstraint), plan (b) with the
+        # curve itself, e.g. make_plan(frames, ..., limits=curve), instead of the emulating budget: rows
+        # marked * are the curve emulated by LimitCurve.budget_within.
         out.append({"name": f"bucketed {label}", "kind": "padded", "budget": budget,
                     "batches": lambda b=budget: ours(b, "bucketed")})
         out.append({"name": f"greedy (seed) {label}", "kind": "padded", "budget": budget,

@@ -23,7 +23,7 @@ def run_preflight_cli(args: argparse.Namespace) -> int:
     from ..core.limits import BatchShapes
     from ..core.long_samples import too_long
     from ..core.memory import MemoryModel
-    from ..planners import get_planner, plan_epoch
+    from ..planners import plan_epoch
     from ..torch_glue.memory_probe import CudaProbe, InProcessProbe, SubprocessProbe
     from ..torch_glue.preflight import run_preflight
     from ..torch_glue.step_script import check_spec, load_step
@@ -39,8 +39,7 @@ def run_preflight_cli(args: argparse.Namespace) -> int:
     config = PlanConfig.build(args.max_batch_tokens, args.max_batch_size, args.world_size, not args.no_shuffle,
                               args.drop_last, args.seed, args.planner, dict(args.planner_option))
     plan = plan_epoch(kept, config, check_epoch(args.epoch))
-    planner = get_planner(config.planner)
-    packed = planner.packs(planner.resolve(config.options))
+    packed = config.limits.pack  # the batch rule, resolved once by PlanConfig.build
     memory = MemoryModel.load(args.memory) if args.memory else None
     device = resolve_device(args.device)
     if device.startswith("cuda"):

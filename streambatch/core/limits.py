@@ -17,8 +17,10 @@ whose longest sample is ``L`` is checked as ``ceil(T / L)`` samples padded to
 batch's, so the check is conservative.
 
 Pure numpy. Building a plan under the curve is a later step (the planners
-take ``max_batch_tokens`` today); ``budget_within`` gives the largest token
-budget whose batches all lie under the curve.
+take ``max_batch_tokens`` today; the curve will join the batch rule of
+``core/constraint.py``: in ``BatchLimits``, its ``table`` in
+``BatchConstraint``); ``budget_within`` gives the largest token budget whose
+batches all lie under the curve.
 """
 
 from __future__ import annotations

@@ -31,7 +31,6 @@ import numpy as np
 from ..core.limits import BatchShapes, LimitCurve
 from ..core.memory import MemoryModel, check_margin, parse_bytes
 from ..core.memory_fit import largest_batch
-from ..planners import get_planner
 from .memory_probe import probe_for
 
 
@@ -261,7 +260,5 @@ def _fix(row: PreflightRow, model: MemoryModel | None, limit: float | None, prob
 
 def preflight_sampler(sampler: Any, step: Any, **options: Any) -> PreflightReport:
     """``run_preflight`` over a ``DynamicBatchSampler``'s current epoch (its plan and lengths, read only)."""
-    planner = get_planner(sampler.planner)
-    packed = planner.packs(planner.resolve(sampler.planner_options))
     shapes = BatchShapes.of_plan(sampler.plan, sampler.lengths, sampler.base_step)
-    return run_preflight(shapes, step, packed=packed, **options)
+    return run_preflight(shapes, step, packed=sampler.config.limits.pack, **options)

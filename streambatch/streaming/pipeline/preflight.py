@@ -1,9 +1,10 @@
 """``StreamingBatches.preflight``: an epoch's planned batches as shapes, for ``torch_glue/preflight.py``.
 
-The epoch is planned window by window from the catalog's lengths (no tar is
-read), at this world size after the epoch's elastic history, exactly as a
-pass plans it; each window's batches become ``BatchShapes`` with their epoch
-steps. Nothing of the dataset's position changes.
+The dataset's ``EpochPlan`` (the plan layer, ``epoch/epoch_plan.py``) plans
+the epoch window by window from the catalog's lengths (no tar is read), at
+this world size after the epoch's elastic history, exactly as a pass plans
+it; each window's batches become ``BatchShapes`` with their epoch steps.
+Nothing here plans, and nothing of the dataset's position changes.
 
 Stream: the epoch's ``Window`` objects -> one ``BatchShapes`` of every rank's batches, in step order."""
 
@@ -31,5 +32,4 @@ def epoch_shapes(ds: Any, epoch: int | None = None) -> BatchShapes:
 
 def preflight_streaming(ds: Any, step: Any, epoch: int | None = None, **options: Any) -> PreflightReport:
     """``run_preflight`` over ``ds``'s epoch (options: ``run_preflight``'s)."""
-    packed = bool(ds.config.options.get("pack", False))
-    return run_preflight(epoch_shapes(ds, epoch), step, packed=packed, **options)
+    return run_preflight(epoch_shapes(ds, epoch), step, packed=ds.config.limits.pack, **options)
