@@ -13,8 +13,7 @@ from hypothesis import strategies as st
 from streambatch import make_plan
 from streambatch.core.limits import BatchShapes, LimitCurve
 from streambatch.core.memory import MemoryModel
-
-from helpers import examples
+from tests.support.helpers import examples
 
 
 def naive_allowed(upper: list[int], sizes: list[int], L: int) -> int:

@@ -16,8 +16,7 @@ from streambatch.core.limits import LimitCurve
 from streambatch.core.memory import MemoryModel, parse_bytes
 from streambatch.core.memory_fit import Bisection, Measurement, combine_sizes, largest_batch
 from streambatch.torch_glue.memory_probe import InProcessProbe, is_oom
-
-from helpers import examples
+from tests.support.helpers import examples
 
 
 def test_sizes_parse_in_decimal_and_binary_units():

@@ -23,12 +23,10 @@ from streambatch.cli.main import main
 from streambatch.core.limits import BatchShapes, LimitCurve
 from streambatch.core.memory import MemoryModel
 from streambatch.core.memory_fit import Measurement
-from streambatch.streaming import StreamingBatches, index_shards
+from streambatch.streaming import StreamingBatches
 from streambatch.torch_glue.memory_probe import SubprocessProbe
 from streambatch.torch_glue.preflight import PreflightError, frontier, run_preflight
-
-from helpers import examples, lognormal_lengths
-from shards import FPS, write_corpus
+from tests.support.helpers import examples, lognormal_lengths
 
 BUDGET = 3_000_000  # B * L**2 a step may hold
 
@@ -123,9 +121,9 @@ def test_preflight_changes_neither_the_plan_nor_the_position():
     assert a.plan.fingerprint() == b.plan.fingerprint()
 
 
-def test_streaming_preflight_reads_no_tar_and_keeps_the_position(tmp_path):
-    brace, _, expected = write_corpus(tmp_path, [40, 40, 40], seed=3, longest=0.6)
-    index_shards(brace, frames_per_second=FPS, workers=1, progress=False)
+def test_streaming_preflight_reads_no_tar_and_keeps_the_position(make_corpus):
+    corpus = make_corpus([40, 40, 40], seed=3, longest=0.6)
+    brace, expected = corpus.brace, corpus.expected
 
     def make():
         return StreamingBatches(brace, 600, 16, window_samples=50, rank=0, world_size=2, planner="bucketed")
