@@ -29,6 +29,9 @@ _LAZY = {
     "decode_audio": ".streaming",
     "GlobalBatchSampler": ".integrations.accelerate",
     "seconds_to_frames": ".core.units",
+    "MemoryModel": ".core.memory",
+    "LimitCurve": ".core.limits",
+    "PreflightError": ".torch_glue.preflight",
 }
 
 __all__ = ["CostModel", "Mix", "Plan", "PLANNERS", "make_plan", *_LAZY]

@@ -28,6 +28,7 @@ from ..torch_glue.guard import check_not_prepared
 from .io.remote_io import RemoteIO, check_identity
 from .io.retry import RetryPolicy
 from .options import IndexSettings, Options, OutputSettings, RemoteSettings, ungroup
+from .pipeline.preflight import PreflightReport, preflight_streaming
 from .pipeline.reads import SampleReads
 from .pipeline.samples import collate, decode, keep_read, parse
 from .pipeline.state import ordered_state, resume
@@ -243,6 +244,12 @@ class StreamingBatches(IterableDataset):
         where = (None, 0) if info is None else (info.id, info.num_workers)
         position = resume(state, self.plan, self.progress.segments, info, self.verify, self.fingerprint)
         self.progress.load_state_dict(position, *where)
+
+    def preflight(self, step: Any, epoch: IntLike | None = None, **options: Any) -> PreflightReport:
+        """Run an epoch's costliest batches and longest clips (planned from the sidecars' lengths) through
+        ``step(batch_size, length)`` before training; raises ``PreflightError`` naming the fix if one does not
+        fit. The position is untouched (options: ``torch_glue.preflight.run_preflight``)."""
+        return preflight_streaming(self, step, epoch, **options)
 
     # ------------------------------------------------------------ sizes
 

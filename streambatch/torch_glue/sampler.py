@@ -26,6 +26,7 @@ from ..epoch.windows import Window
 from .distributed import active, agree, resolve_world, will_check
 from .guard import check_per_rank_sampler
 from .prefetch import prefetching_loader
+from .preflight import PreflightReport, preflight_sampler
 from .sampler_state import SamplerStateMixin
 
 log = logger("streambatch.sampler")
@@ -211,6 +212,12 @@ class DynamicBatchSampler(SamplerStateMixin, Sampler[list[int]]):
     def num_dropped(self) -> int:
         """Samples left out this epoch by ``drop_last``."""
         return self.plan.num_dropped
+
+    def preflight(self, step: Any, **options: Any) -> PreflightReport:
+        """Run this epoch's costliest batches and longest clips through ``step(batch_size, length)`` before
+        training; raises ``PreflightError`` naming the fix if one does not fit. Reads the plan only (options:
+        ``torch_glue.preflight.run_preflight``: memory, limit_bytes, top, longest, device, raise_on_failure)."""
+        return preflight_sampler(self, step, **options)
 
     # ------------------------------------------------------------ epochs
 

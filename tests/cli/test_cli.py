@@ -198,7 +198,7 @@ def test_plan_on_shards_translates_api_words_into_flags(shards, capsys):
 def test_every_subcommand_has_help_with_examples():
     parser = build_parser()
     sub = next(a for a in parser._actions if a.dest == "command")
-    assert set(sub.choices) == {"demo", "plan", "bench", "index", "calibrate", "warmup"}
+    assert set(sub.choices) == {"demo", "plan", "bench", "index", "calibrate", "preflight", "warmup"}
     for name, p in sub.choices.items():
         text = p.format_help()
         assert text.startswith(f"usage: streambatch {name}")

@@ -130,10 +130,14 @@ def relax_to_holders(samples: np.ndarray, counts: np.ndarray, holder: np.ndarray
         top = max(int(lengths[i]) for i in members)
         return -1 if size[b] > 1 and size[b] * top > max_tokens else int(cost.scaled(size[b], top))
 
+    def balance(total_cost: int, costliest: int) -> float:
+        # a step of zero-cost batches (every length 0) is balanced; a swap keeps its batches at cost 0
+        return total_cost / (w * costliest) if costliest > 0 else 1.0
+
     bc = [price(b, x) for b, x in enumerate(batches)]
     total = [sum(bc[s * w : (s + 1) * w]) for s in range(k)]
     top = [max(bc[s * w : (s + 1) * w]) for s in range(k)]
-    floor = [total[s] / (w * top[s]) - tol for s in range(k)]
+    floor = [balance(total[s], top[s]) - tol for s in range(k)]
     for bx in range(k * w):
         rx, sx = bx % w, bx // w
         for a in list(batches[bx]):
@@ -152,9 +156,9 @@ def relax_to_holders(samples: np.ndarray, counts: np.ndarray, holder: np.ndarray
                     if cx < 0 or cy < 0 or cx > max_cost or cy > max_cost or cx > top[sx] or cy > top[sy]:
                         continue
                     dx = cx - bc[bx] + (cy - bc[by] if sy == sx else 0)
-                    if (total[sx] + dx) / (w * top[sx]) < floor[sx]:
+                    if balance(total[sx] + dx, top[sx]) < floor[sx]:
                         continue
-                    if sy != sx and (total[sy] + cy - bc[by]) / (w * top[sy]) < floor[sy]:
+                    if sy != sx and balance(total[sy] + cy - bc[by], top[sy]) < floor[sy]:
                         continue
                     key = (hold[b] == rx, -abs(int(lengths[a]) - int(lengths[b])))
                     if best is None or key > best[0]:
