@@ -9,11 +9,13 @@ registered planner.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
+from ..core.bounds import step_bound
 from ..core.config import PlanConfig, check_epoch
 from ..core.plan import Plan
 from ..core.registry import PLANNERS, check_planner, get_planner
@@ -79,12 +81,20 @@ def plan_epoch(lengths: np.ndarray, config: PlanConfig, epoch: int) -> Plan:
     p = PLANNERS[c.planner]
     resolved = {o.name: o.default for o in p.options or ()}  # defaults for the options not given
     resolved.update(c.planner_options)
+    cost = p.cost_model(resolved)
+    tokens = c.max_batch_tokens
     if lengths.size:
         # One overflow guard, owned by the cost model the plan balances under.
         lmax = int(lengths.max())
         cap = min(c.max_batch_size, lengths.size)  # a cap above N never binds
-        p.cost_model(resolved).budget(lmax, c.max_batch_tokens, cap, c.world_size)
+        tokens = cost.budget(lmax, c.max_batch_tokens, cap, c.world_size)  # clamped: a larger budget never binds
     # one log line before a first compile, which takes a minute on a small machine
     notice_if_cold(getattr(p.plan, "__module__", None) or "")
-    return p.plan(lengths, c.max_batch_tokens, c.max_batch_size, c.world_size, c.shuffle, c.drop_last, c.seed, epoch,
+    plan = p.plan(lengths, c.max_batch_tokens, c.max_batch_size, c.world_size, c.shuffle, c.drop_last, c.seed, epoch,
                   **resolved)
+    if plan.fewest_steps is None:  # a planner that does not report it: the fewest its settings allow
+        packed = p.packs(resolved)
+        bound = step_bound(lengths, tokens, c.max_batch_size, c.world_size, c.drop_last, packed, cost,
+                           cost.cost_cap(resolved.get("max_step_cost")))
+        plan = dataclasses.replace(plan, fewest_steps=bound.steps, fewest_exact=bound.exact)
+    return plan

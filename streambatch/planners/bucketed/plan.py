@@ -42,18 +42,22 @@ foundation's rule says.
 
 from __future__ import annotations
 
+import dataclasses
 import numbers
 from typing import Any
 
 import numpy as np
 
 from ...core import compile_once as once  # called as once.compile_once: tests swap it
+from ...core.bounds import step_bound, step_limit
 from ...core.cost import INT64_MAX, CostModel, resolve_cost
 from ...core.plan import Plan, assemble, finish_last_step
 from ...core.validation import check_flag
 from ..base import Option, Planner
 from ..greedy.plan import index_dtype
 from ..packed.plan import plan_packed
+from .fill import fill_plan
+from .step_limit import NO_HEAD, within_limit
 
 DEFAULT_BUCKET_WIDTH = 0.02
 MIN_BUCKET_WIDTH = 0.001  # keeps the bucket count (~ ln(max_len) / width) in the tens of thousands
@@ -153,10 +157,30 @@ def check_pack(pack: Any) -> bool:
     return check_flag("pack", pack)
 
 
+def check_max_steps(max_steps: Any) -> int | None:
+    if max_steps is None:
+        return None
+    if isinstance(max_steps, bool) or not isinstance(max_steps, numbers.Integral) or max_steps < 0:
+        raise ValueError(f"max_steps must be an integer >= 0 or None (the default: 1.05 x the fewest steps + 1), "
+                         f"got {max_steps!r}")
+    return int(max_steps)
+
+
 def check_options(options: dict[str, Any]) -> tuple[float, CostModel, float | None]:
     """Validated (bucket_width, cost model, max_step_cost) from ``options``."""
     o = PLANNER.resolve(options)
     return o["bucket_width"], o["cost"], o["max_step_cost"]
+
+
+def resolve_limit(max_steps: int | None, fewest: int) -> int:
+    """The most steps a plan may take: ``max_steps``, or ``step_limit(fewest)``
+    (1.05 x fewest + 1); a ValueError when ``max_steps`` is below the fewest."""
+    if max_steps is None:
+        return step_limit(fewest)
+    if max_steps < fewest:
+        raise ValueError(f"max_steps={max_steps} is below the fewest steps these lengths can take with this budget, "
+                         f"size cap and world size ({fewest}); raise it, or leave it None (1.05 x fewest + 1)")
+    return max_steps
 
 
 def plan_bucketed(lengths: np.ndarray, max_batch_tokens: int, max_batch_size: int, world_size: int,
@@ -169,61 +193,98 @@ def plan_bucketed(lengths: np.ndarray, max_batch_tokens: int, max_batch_size: in
     out and returned as ``leftover``.
     """
     width, cost, max_step_cost = check_options(options)
+    max_steps = options.get("max_steps")
     if options.get("pack"):
         return plan_packed(lengths, max_batch_tokens, max_batch_size, world_size, shuffle, drop_last, seed, epoch,
-                           width, cost, max_step_cost)
+                           width, cost, max_step_cost, max_steps)
 
     n = lengths.shape[0]
     w = world_size
     dtype = index_dtype(n)
     if n == 0:
         empty = np.zeros(0, dtype=dtype)
-        return assemble(empty, np.zeros((0, w), dtype=np.int64), np.zeros(0, dtype=np.int64), w)
+        return assemble(empty, np.zeros((0, w), dtype=np.int64), np.zeros(0, dtype=np.int64), w, fewest_steps=0)
     lmax = int(lengths.max())
     cap = min(max_batch_size, n)
     tokens = cost.budget(lmax, max_batch_tokens, cap, w)
-    max_cost = INT64_MAX
-    if max_step_cost is not None:
-        # in the cost's units (seconds for a step model, whose kernels count in plain's units)
-        max_cost = int(min(np.floor(max_step_cost / cost.seconds_per_unit * cost.scale), INT64_MAX))
-        if max_cost < 1:
-            raise ValueError(f"max_step_cost={max_step_cost} is below the cost of any batch ({cost}); raise it")
+    max_cost = cost.cost_cap(max_step_cost)  # in the cost's units (seconds for a step model)
+    bound = step_bound(lengths, tokens, cap, w, drop_last, False, cost, max_cost)
+    limit = resolve_limit(max_steps, bound.steps)
     # Sorted lengths in the narrowest dtype that holds them: the step kernel
     # streams through them several times.
     len_dtype = np.int16 if lmax < 2**15 else np.int32 if lmax < 2**31 else np.int64
     # The kernels this plan calls, compiled once per node (or loaded) on a tiny
     # input with the same argument types: see ``core/compile_once.py``.
     once.compile_once("bucketed", (np.dtype(dtype).name, np.dtype(len_dtype).name, shuffle),
-                 lambda: _lay_out(np.arange(1, 41, dtype=np.int64), 40, 400, 8, 2, (1, 0), True, INT64_MAX, shuffle,
-                                  False, plan_key(0, 0), DEFAULT_BUCKET_WIDTH, dtype, len_dtype))
-    # A per-step cost (a measured step model's c0) makes needless steps cost time: no head steps of long
-    # samples one per rank after the outliers (under B*L^2 alone they cost the same as fuller steps).
-    return _lay_out(lengths, lmax, tokens, cap, w, cost.coefficients, cost.per_step <= 0, max_cost, shuffle, drop_last,
-                    plan_key(seed, epoch), width, dtype, len_dtype)
+                 lambda: _warm(dtype, len_dtype, shuffle))
+    key = plan_key(seed, epoch)
+
+    def lay_out(head_min: int) -> Plan:
+        return _lay_out(lengths, lmax, tokens, cap, w, cost.coefficients, np.int64(head_min), max_cost, shuffle,
+                        drop_last, key, width, dtype, len_dtype)
+
+    # The head of long samples (``head.py``) after an outlier: under B*L^2 alone its steps, each batch held
+    # to one long sample's cost, cost no more than fuller ones, but they take more steps. A per-step cost (a
+    # measured step model's c0) says they are slower: none then. Otherwise as far as the step limit allows.
+    plan = lay_out(0 if cost.per_step <= 0 else NO_HEAD)
+    if plan.num_steps > limit:
+        def fill() -> Plan:
+            # the same buckets, longest first (the ascending part reversed)
+            order, _, m = bucket_order(lengths, lmax, tokens, cap, shuffle, key, width, dtype, len_dtype)
+            order = np.concatenate([order[m:], order[:m][::-1]])
+            return fill_plan(lengths, order, tokens, cap, w, cost.coefficients, max_cost, shuffle, drop_last,
+                             subkey(key, 5), limit)
+
+        plan = within_limit(plan, lengths, tokens, cap, cost, limit, lay_out, fill)
+    return dataclasses.replace(plan, fewest_steps=bound.steps)
 
 
-def _lay_out(lengths: np.ndarray, lmax: int, tokens: int, cap: int, w: int, coefficients: tuple[int, int],
-             long_head: bool, max_cost: int, shuffle: bool, drop_last: bool, key: np.uint64, width: float,
-             dtype: type, len_dtype: type) -> Plan:
-    """The kernel calls of ``plan_bucketed``: sort into buckets, lay steps out
-    from both ends, finish the rest, shuffle the step order."""
-    # lazy for start-up: no numba before the first plan
-    from .kernels import bucket_sort, plan_steps, step_permutation, table_size
+def _warm(dtype: type, len_dtype: type, shuffle: bool) -> None:
+    """The bucketed kernels on a tiny input of these argument types (and the fill's)."""
+    from .kernels import fill_sizes, mix_batches  # lazy for start-up: no numba before the first plan
+
+    _lay_out(np.arange(1, 41, dtype=np.int64), 40, 400, 8, 2, (1, 0), np.int64(0), INT64_MAX, shuffle, False,
+             plan_key(0, 0), DEFAULT_BUCKET_WIDTH, dtype, len_dtype)
+    tiny = np.arange(40, 0, -1, dtype=np.int64)
+    fill_sizes(tiny, 400, 8, 1, 0, INT64_MAX)
+    mix_batches(tiny, np.arange(0, 40, 10, dtype=np.int64), np.full(4, 10, dtype=np.int64), 2, plan_key(0, 0))
+
+
+def bucket_order(lengths: np.ndarray, lmax: int, tokens: int, cap: int, shuffle: bool, key: np.uint64, width: float,
+                 dtype: type, len_dtype: type, scratch_idx: np.ndarray | None = None
+                 ) -> tuple[np.ndarray, np.ndarray, int]:
+    """(order, slen, m): the samples counting-sorted into the epoch's length
+    buckets (``kernels.bucket_sort``: buckets 0..d ascending in order[:m],
+    the rest descending after them, shuffled inside each bucket), their
+    lengths, and m. scratch_idx: (N,) of ``dtype`` to reuse, or None."""
+    from .kernels import bucket_sort, table_size  # lazy for start-up: no numba before the first plan
 
     n = lengths.shape[0]
     phase = float(subkey(key, 1) >> np.uint64(11)) / 2.0**53 if shuffle else 0.0
     edges = bucket_edges(lmax, width, phase)
     order = np.empty(n, dtype=dtype)
     slen = np.empty(n, dtype=len_dtype)
-    out = np.empty(n + w, dtype=dtype)
+    scratch_idx = np.empty(n, dtype=dtype) if scratch_idx is None else scratch_idx
     scratch = np.empty(n, dtype=len_dtype)
     table = np.empty(table_size(lmax, n), dtype=np.int32)
-    m = bucket_sort(lengths, edges, table, subkey(key, 2), shuffle, tokens, cap, order, slen, out[:n], scratch)
-    del scratch, table
+    m = bucket_sort(lengths, edges, table, subkey(key, 2), shuffle, tokens, cap, order, slen, scratch_idx, scratch)
+    return order, slen, int(m)
+
+
+def _lay_out(lengths: np.ndarray, lmax: int, tokens: int, cap: int, w: int, coefficients: tuple[int, int],
+             head_min: np.int64, max_cost: int, shuffle: bool, drop_last: bool, key: np.uint64, width: float,
+             dtype: type, len_dtype: type) -> Plan:
+    """The kernel calls of ``plan_bucketed``: sort into buckets, lay steps out
+    from both ends, finish the rest, shuffle the step order."""
+    from .kernels import plan_steps, step_permutation  # lazy for start-up: no numba before the first plan
+
+    n = lengths.shape[0]
+    out = np.empty(n + w, dtype=dtype)
+    order, slen, m = bucket_order(lengths, lmax, tokens, cap, shuffle, key, width, dtype, len_dtype, out[:n])
     # Lay steps out from the short end up and from the long end down; the
     # tails of both (under two steps each) meet where lengths are densest
     # and are finished there together, so no runt step lands in a sparse tail.
-    args = (w, tokens, cap, *coefficients, max_cost, long_head)
+    args = (w, tokens, cap, *coefficients, max_cost, head_min)
     step_key = subkey(key, 3)
     low, k, n_low, stop_low = plan_steps(order[:m], slen[:m], *args, False, False, False, shuffle, step_key, 0, out)
     low = low[: k * w].reshape(k, w)
@@ -255,6 +316,8 @@ PLANNER = Planner(
         Option("cost", CostModel.quadratic(), resolve_cost, "the CostModel ranks are balanced under"),
         Option("max_step_cost", None, check_max_step_cost, "cap on every batch's cost (cost units), or None"),
         Option("pack", False, check_pack, "packed, padding-free batches: sum(L) <= max_batch_tokens, varlen cost"),
+        Option("max_steps", None, check_max_steps,
+               "the most steps a plan may take (None: 1.05 x the fewest any plan can have + 1)"),
     ),
     costs=("quadratic", "linear", "quadratic_duration", "step"),
     summary="length buckets, each step's W batches laid out to cost the same (recommended for new runs)",

@@ -63,7 +63,7 @@ def rotate_ranks(samples: np.ndarray, counts: np.ndarray, rot: np.ndarray) -> tu
 
 def plan_packed(lengths: np.ndarray, max_batch_tokens: int, max_batch_size: int, world_size: int, shuffle: bool,
                 drop_last: bool, seed: int, epoch: int, width: float, cost: CostModel,
-                max_step_cost: float | None) -> Plan:
+                max_step_cost: float | None, max_steps: int | None = None) -> Plan:
     """Plan an epoch of packed batches (inputs validated: ``make_plan`` and the
     bucketed planner's option checks).
 

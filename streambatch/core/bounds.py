@@ -1,0 +1,179 @@
+"""The fewest batches and steps any valid plan can have for its settings.
+
+A plan's steps hold one non-empty batch per rank, so an epoch cannot take
+fewer steps than its samples need batches, divided by W. This module gives
+that floor: exactly for padded batches, as a lower bound for packed ones.
+
+**Padded batches** (``B * max L <= budget`` and ``B <= cap``, a lone sample
+over the budget a batch of its own; with a cost cap also
+``cost(B, max L) <= cap``, a lone sample above it alone). Sort the lengths
+longest first, ``l_1 >= l_2 >= ... >= l_n``, and let ``g(i)`` be the most
+samples a batch whose longest is ``l_i`` may hold: ``max(1, min(cap, budget
+// l_i, the cost cap's count))`` (``cap`` when ``l_i = 0``). ``g`` does not
+decrease with ``i``. *Fill*: each batch takes the next ``g(first)`` samples
+of that order (fewer at the end). Claim: no valid partition has fewer batches.
+
+1. *Some contiguous partition is as good as any.* Take a valid partition into
+   m batches, ordered by their longest member's position ``a_1 < ... < a_m``
+   (ties by position), so ``|B_j| <= g(a_j)``. Re-cut the sorted order into
+   consecutive runs of the same sizes: run j starts at ``s_{j-1} + 1`` with
+   ``s_j = |B_1| + ... + |B_j|``. Every sample before ``a_j`` lies in a batch
+   whose longest comes no later than it, one of ``B_1..B_{j-1}``, so
+   ``s_{j-1} >= a_j - 1``: run j starts at or after ``a_j``, its longest is no
+   longer than ``l_{a_j}`` and ``g(s_{j-1} + 1) >= g(a_j) >= |B_j|``. The runs
+   are valid, m of them.
+2. *Fill stays ahead of any contiguous partition.* With ``t_j`` the samples
+   covered by fill's first j batches, ``t_j = t_{j-1} + g(t_{j-1} + 1)``;
+   ``x + g(x + 1)`` does not decrease in x, and a contiguous partition has
+   ``s_j <= s_{j-1} + g(s_{j-1} + 1)``, so by induction ``t_j >= s_j``:
+   fill has covered everything when the partition has.
+
+So fill's count, ``fewest_batches``, is the minimum. It is computed from a
+histogram of the lengths (``bounds_kernel.fill_count``, O(N + distinct
+lengths)), never by sorting the samples.
+
+**Steps.** Every step holds W non-empty batches, and every sample is in
+exactly one batch (padding only repeats samples in the final step's empty
+slots), so a plan has at least ``ceil(B / W)`` steps; fill, with its batches
+dealt W to a step, has exactly that. With ``drop_last`` the samples left out
+are those that cannot complete a step (they fill fewer than W batches), so
+``S * W + (W - 1) >= B``: at least ``floor(B / W)`` steps, which fill reaches
+by leaving out its last ``B mod W`` batches.
+
+**Packed batches** (``sum(L) <= budget``, ``B <= cap``, a lone sample over
+the budget alone): a bin-packing problem, NP-hard, so this is a *bound*, not
+the exact minimum: the lone samples, plus for the rest the largest of
+``ceil(sum L / budget)``, ``ceil(count / cap)``, the number longer than half
+the budget (no two share a batch) and, under a cost cap,
+``ceil(sum cost / cap)``. Steps follow from it as above (still bounds).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .cost import INT64_MAX, CostModel
+
+__all__ = ["STEP_SLACK", "StepBound", "fewest_batches", "fewest_steps", "step_bound", "step_limit"]
+
+# Plans may take at most 1 + 1/STEP_SLACK_DIV of the fewest steps, plus one: ``step_limit``.
+STEP_SLACK_DIV = 20
+STEP_SLACK = 1 / STEP_SLACK_DIV
+
+
+@dataclass(frozen=True)
+class StepBound:
+    """The floor of a plan's size for its settings.
+
+    batches: fewest batches any valid plan can have (padded: exact; packed:
+        a lower bound); steps: fewest steps (``ceil(batches / W)``, or
+        ``floor`` with ``drop_last``); exact: False for packed batches
+        (bin packing), where both are lower bounds.
+    """
+
+    batches: int
+    steps: int
+    exact: bool = True
+
+    def ratio(self, steps: int) -> float:
+        """``steps / self.steps`` (1.0 when both are 0; inf when only the bound is)."""
+        if self.steps == 0:
+            return 1.0 if steps == 0 else float("inf")
+        return steps / self.steps
+
+
+def _histogram(lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(distinct lengths descending, their counts), both (k,) int64."""
+    lmax = int(lengths.max())
+    if lmax <= 4 * lengths.shape[0] + 4096:  # a counting pass beats a sort
+        hist = np.bincount(lengths)
+        values = np.flatnonzero(hist)[::-1]
+        return np.ascontiguousarray(values, dtype=np.int64), np.ascontiguousarray(hist[values], dtype=np.int64)
+    values, counts = np.unique(lengths, return_counts=True)
+    return np.ascontiguousarray(values[::-1], dtype=np.int64), np.ascontiguousarray(counts[::-1], dtype=np.int64)
+
+
+def fewest_batches(lengths: np.ndarray, max_batch_tokens: int, max_batch_size: int, pack: bool = False,
+                   cost: CostModel | None = None, max_cost: int = INT64_MAX) -> int:
+    """Fewest batches any valid plan of ``lengths`` can have (see the module
+    docstring): exact for padded batches, a lower bound for packed ones.
+
+    lengths: (N,) int64 >= 0, checked (``coerce_lengths``); max_batch_tokens,
+    max_batch_size >= 1. cost, max_cost: a cost cap on every batch,
+    ``cost.scaled(...) <= max_cost`` (``CostModel.cost_cap``; the default:
+    none)."""
+    n = int(lengths.shape[0])
+    if n == 0:
+        return 0
+    cost = cost or CostModel.quadratic()
+    ca, cb = cost.coefficients
+    if pack:
+        return _packed_batches(lengths, max_batch_tokens, max_batch_size, cost, max_cost)
+    from .bounds_kernel import fill_count  # lazy for start-up: no numba before the first plan
+
+    values, counts = _histogram(lengths)
+    return int(fill_count(values, counts, np.int64(max_batch_tokens), np.int64(max_batch_size), np.int64(ca),
+                           np.int64(cb), np.int64(max_cost)))
+
+
+def _packed_batches(lengths: np.ndarray, budget: int, cap: int, cost: CostModel, max_cost: int) -> int:
+    per = cost.packed_scaled(lengths)
+    lone = (lengths > budget) | (per > max_cost)
+    rest = lengths[~lone]
+    m = int(rest.shape[0])
+    if m == 0:
+        return int(lone.sum())
+    bound = max(-(-int(rest.sum()) // budget), -(-m // cap), _dual_bound(rest, budget))
+    if max_cost < INT64_MAX:
+        # float sum (scaled costs of many samples may pass int64), rounded down: a bound only needs to be one
+        bound = max(bound, int(np.ceil(float(per[~lone].astype(np.float64).sum()) / max_cost * (1 - 1e-12) - 1e-9)))
+    return int(lone.sum()) + bound
+
+
+DUAL_K = 40  # the dual functions tried: items longer than budget / (k + 1) fit at most k to a batch
+
+
+def _dual_bound(rest: np.ndarray, budget: int) -> int:
+    """A bin-packing lower bound from the dual feasible functions of Fekete
+    and Schepers: with x = L / budget, ``u_k(x) = x`` if (k + 1) x is an
+    integer, else ``floor((k + 1) x) / k``; any set of items fitting one batch
+    has sum(u_k) <= 1, so ``ceil(sum u_k)`` batches at least (exact for equal
+    lengths: k = budget // L gives ceil(N / k)). rest: (m,) int64 in [0, budget]."""
+    if budget > 2**56:  # (k + 1) * L must stay inside int64; such budgets get the other bounds only
+        return 0
+    values, counts = np.unique(rest, return_counts=True)
+    keep = values > 0  # zero-length samples cost no room
+    values, counts = values[keep], counts[keep]
+    best = 0
+    v = values.astype(np.float64)
+    c = counts.astype(np.float64)
+    for k in range(1, DUAL_K + 1):
+        scaled = (k + 1) * values
+        exact = scaled % budget == 0
+        u = np.where(exact, v / budget, (scaled // budget) / k)
+        # rounded down a little, so that float error cannot lift the bound above the truth
+        best = max(best, int(np.ceil(float((u * c).sum()) * (1 - 1e-12) - 1e-9)))
+    return best
+
+
+def fewest_steps(batches: int, world_size: int, drop_last: bool = False) -> int:
+    """Fewest steps of W batches each for ``batches`` batches: ``ceil(B / W)``,
+    or ``floor(B / W)`` when ``drop_last`` leaves out what cannot fill a step."""
+    return batches // world_size if drop_last else -(-batches // world_size)
+
+
+def step_limit(fewest: int, slack_div: int = STEP_SLACK_DIV) -> int:
+    """The most steps a plan may take when the fewest possible is ``fewest``:
+    ``floor(fewest * (1 + 1 / slack_div)) + 1`` (1.05 x fewest + 1 by default),
+    in integers so that no float decides a plan."""
+    return fewest + fewest // slack_div + 1
+
+
+def step_bound(lengths: np.ndarray, max_batch_tokens: int, max_batch_size: int, world_size: int,
+               drop_last: bool = False, pack: bool = False, cost: CostModel | None = None,
+               max_cost: int = INT64_MAX) -> StepBound:
+    """The ``StepBound`` of these settings (arguments as ``fewest_batches``)."""
+    b = fewest_batches(lengths, max_batch_tokens, max_batch_size, pack, cost, max_cost)
+    return StepBound(b, fewest_steps(b, world_size, drop_last), not pack)
