@@ -56,7 +56,7 @@ import numpy as np
 
 from .cost import INT64_MAX, CostModel
 
-__all__ = ["STEP_SLACK", "StepBound", "fewest_batches", "fewest_steps", "step_bound", "step_limit"]
+__all__ = ["STEP_SLACK", "LengthCounts", "StepBound", "fewest_batches", "fewest_steps", "step_bound", "step_limit"]
 
 # Plans may take at most 1 + 1/STEP_SLACK_DIV of the fewest steps, plus one: ``step_limit``.
 STEP_SLACK_DIV = 20
@@ -84,6 +84,55 @@ class StepBound:
         return steps / self.steps
 
 
+class LengthCounts:
+    """A growing multiset of lengths (distinct values with counts), for the
+    fewest batches of everything added so far: an epoch planned window by
+    window. Memory follows the distinct lengths, not the samples."""
+
+    def __init__(self) -> None:
+        self.values = np.zeros(0, dtype=np.int64)  # ascending
+        self.counts = np.zeros(0, dtype=np.int64)
+
+    def add(self, lengths: np.ndarray) -> None:
+        """Add (n,) int64 lengths >= 0."""
+        if lengths.shape[0] == 0:
+            return
+        values, inverse = np.unique(np.concatenate([self.values, lengths]), return_inverse=True)
+        weights = np.concatenate([self.counts, np.ones(lengths.shape[0], dtype=np.int64)])
+        self.values, self.counts = values, np.bincount(inverse, weights=weights).astype(np.int64)
+
+    @property
+    def total(self) -> int:
+        return int(self.counts.sum())
+
+    def fewest_batches(self, max_batch_tokens: int, max_batch_size: int, pack: bool = False,
+                       cost: CostModel | None = None, max_cost: int = INT64_MAX, more: np.ndarray | None = None
+                       ) -> int:
+        """``fewest_batches`` of the lengths added so far, plus ``more`` ((m,) int64, not added)."""
+        values, counts = self.values, self.counts
+        if more is not None and more.shape[0]:
+            values, inverse = np.unique(np.concatenate([values, more]), return_inverse=True)
+            counts = np.bincount(inverse, weights=np.concatenate([counts, np.ones(more.shape[0], dtype=np.int64)]))
+            counts = counts.astype(np.int64)
+        if values.shape[0] == 0:
+            return 0
+        if pack:
+            return _packed_batches(np.repeat(values, counts), max_batch_tokens, max_batch_size,
+                                   cost or CostModel.quadratic(), max_cost)
+        return _fill_batches(values[::-1].copy(), counts[::-1].copy(), max_batch_tokens, max_batch_size,
+                             cost or CostModel.quadratic(), max_cost)
+
+
+def _fill_batches(values: np.ndarray, counts: np.ndarray, budget: int, cap: int, cost: CostModel,
+                  max_cost: int) -> int:
+    """The fill's batch count of a histogram: values (k,) int64 descending, counts (k,) int64 >= 1."""
+    from .bounds_kernel import fill_count  # lazy for start-up: no numba before the first plan
+
+    ca, cb = cost.coefficients
+    return int(fill_count(values, counts, np.int64(budget), np.int64(cap), np.int64(ca), np.int64(cb),
+                          np.int64(max_cost)))
+
+
 def _histogram(lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(distinct lengths descending, their counts), both (k,) int64."""
     lmax = int(lengths.max())
@@ -108,14 +157,10 @@ def fewest_batches(lengths: np.ndarray, max_batch_tokens: int, max_batch_size: i
     if n == 0:
         return 0
     cost = cost or CostModel.quadratic()
-    ca, cb = cost.coefficients
     if pack:
         return _packed_batches(lengths, max_batch_tokens, max_batch_size, cost, max_cost)
-    from .bounds_kernel import fill_count  # lazy for start-up: no numba before the first plan
-
     values, counts = _histogram(lengths)
-    return int(fill_count(values, counts, np.int64(max_batch_tokens), np.int64(max_batch_size), np.int64(ca),
-                           np.int64(cb), np.int64(max_cost)))
+    return _fill_batches(values, counts, max_batch_tokens, max_batch_size, cost, max_cost)
 
 
 def _packed_batches(lengths: np.ndarray, budget: int, cap: int, cost: CostModel, max_cost: int) -> int:

@@ -19,13 +19,14 @@ Stream: ``Window`` objects in epoch order, each planned across all ranks (replan
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import numpy as np
 
 from ...core.validation import coerce_lengths
 from ...planners import plan_epoch
 from ...planners.elastic import Segments, remaining, truncate
+from .step_budget import StepBudget
 from .windows import EpochSummary, Window, WindowConfig, outlier_limit, shard_order, window_bounds, window_seed
 
 _U64 = 1 << 64
@@ -97,6 +98,7 @@ def plan_windows(inputs: Iterator[WindowInput], config: WindowConfig, epoch: int
     step = 0
     seg = 0
     seg_end = segments[0][1] if segments else None  # epoch step where the current segment ends
+    budget = StepBudget(config)  # the epoch's step limit, spent window by window
 
     def world() -> int:
         return segments[seg][0] if seg < len(segments) else config.world_size
@@ -129,9 +131,12 @@ def plan_windows(inputs: Iterator[WindowInput], config: WindowConfig, epoch: int
             while seg_end is not None and step == seg_end:
                 seg += 1
                 seg_end = step + segments[seg][1] if seg < len(segments) else None
+                budget.reset()
             # Each window is planned as epoch 0 of its own seed, so windows differ within an epoch too.
-            cfg = replace(config, world_size=world(), drop_last=config.drop_last if last else True,
-                          seed=piece_seed(config.seed, epoch, win.index, piece))
+            drop = config.drop_last if last else True
+            cap = budget.cap(lengths, world(), drop)
+            cfg = config.replace(world_size=world(), drop_last=drop, planner_options=budget.options(config, cap),
+                                 seed=piece_seed(config.seed, epoch, win.index, piece))
             plan = plan_epoch(lengths, cfg, 0)
             if source_of is not None:
                 from ...planners.interleave import interleave_steps  # lazy for start-up: no numba before the first plan
@@ -145,10 +150,14 @@ def plan_windows(inputs: Iterator[WindowInput], config: WindowConfig, epoch: int
                 yield Window(win.index, step, truncate(plan, cut), ids, local, False, too_long=over)
                 over = 0
             rest = remaining(np.arange(lengths.shape[0], dtype=np.int64), plan, cut)
+            budget.reset()  # the rest is planned at the next world size: its own accounting
             ids, local, lengths = ids[rest], local[rest], lengths[rest]
             step += cut
             piece += 1
         left = plan.leftover if plan.leftover is not None else none
+        trained = np.ones(lengths.shape[0], dtype=bool)
+        trained[left] = False
+        budget.spend(lengths[trained], plan.num_steps)
         if not last:
             carry_ids, carry_local, carry_len = ids[left], local[left], lengths[left]
         yield Window(win.index, step, plan, ids, local, last, too_long=over)

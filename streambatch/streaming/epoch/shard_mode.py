@@ -44,9 +44,13 @@ from ...planners import plan_epoch
 from ...planners.elastic import Segments, remaining, truncate
 from .affinity.plan import foreign_samples, plan_affine_window
 from .sample_mode import WindowInput, piece_seed
+from .step_budget import StepBudget
 from .windows import Window, WindowConfig, shard_order, window_bounds, window_seed
 
 UNHELD = -1  # holder of a carried sample whose bytes no rank of this world holds
+# The epoch's steps are held to 1.10 x the fewest + 1 (1 + 1/SHARD_SLACK_DIV), not sample mode's 1.05: see the
+# module docstring.
+SHARD_SLACK_DIV = 10
 
 
 def affine_windows(counts: np.ndarray, load_lengths: Callable[[int], np.ndarray], config: WindowConfig,
@@ -110,6 +114,8 @@ def plan_affine(next_input: Callable[[int], WindowInput | None], config: WindowC
     step = 0
     seg = 0
     seg_end = segments[0][1] if segments else None  # epoch step where the current segment ends
+    # the epoch's step limit, spent window by window: 1.10 x fewest + 1 (SHARD_SLACK_DIV, see the module docstring)
+    budget = StepBudget(config, SHARD_SLACK_DIV)
 
     def world() -> int:
         return segments[seg][0] if seg < len(segments) else config.world_size
@@ -124,12 +130,13 @@ def plan_affine(next_input: Callable[[int], WindowInput | None], config: WindowC
             seg += 1
             seg_end = step + segments[seg][1] if seg < len(segments) else None
             carry_holder = np.full(carry_holder.shape[0], UNHELD, dtype=np.int64)
+            budget.reset()
         new = next_input(world())
         if new is None:
             break
         j, last = new.index, new.last
         win, lengths, held = _affine_window(new, config, world(), epoch, step,
-                                            (carry_ids, carry_local, carry_len, carry_holder), source_of)
+                                            (carry_ids, carry_local, carry_len, carry_holder), source_of, budget)
         win = replace(win, plan=mixed(win.plan, win.shard_ids))
         if seg_end is not None and step + win.num_steps > seg_end:
             # the segment ends inside this window: its first steps were trained, the rest is finished in sample mode
@@ -143,8 +150,12 @@ def plan_affine(next_input: Callable[[int], WindowInput | None], config: WindowC
             while True:
                 seg += 1
                 seg_end = step + segments[seg][1] if seg < len(segments) else None
-                cfg = replace(config, world_size=world(), drop_last=config.drop_last if last else True,
-                              seed=piece_seed(config.seed, epoch, j, piece), planner="bucketed", read_mode="sample")
+                budget.reset()
+                drop = config.drop_last if last else True
+                cfg = replace(config, world_size=world(), drop_last=drop, seed=piece_seed(config.seed, epoch, j, piece),
+                              planner="bucketed", read_mode="sample",
+                              planner_options=tuple(sorted(budget.options(config, budget.cap(lengths, world(),
+                                                                                             drop)).items())))
                 plan = mixed(plan_epoch(lengths, cfg, 0), ids)
                 if seg_end is None or step + plan.num_steps <= seg_end:
                     break
@@ -157,12 +168,15 @@ def plan_affine(next_input: Callable[[int], WindowInput | None], config: WindowC
                 piece += 1
             win = Window(j, step, plan, ids, local, last, reads=_fetch_rows(plan, ids, local))
             left = plan.leftover if plan.leftover is not None else none
+            budget.spend(np.delete(lengths, left), plan.num_steps)
             carry_ids, carry_local, carry_len = ids[left], local[left], lengths[left]
             carry_holder = np.full(left.shape[0], UNHELD, dtype=np.int64)
-        elif not last:
+        else:
             left = win.plan.leftover  # carried on by its holder; an unheld sample stays unheld
-            carry_ids, carry_local, carry_len, carry_holder = (x[left] for x in
-                                                               (win.shard_ids, win.local, lengths, held))
+            budget.spend(np.delete(lengths, left), win.num_steps)
+            if not last:
+                carry_ids, carry_local, carry_len, carry_holder = (x[left] for x in
+                                                                   (win.shard_ids, win.local, lengths, held))
         yield win
         step += win.num_steps
     if seg_end is not None and step < seg_end:
@@ -171,8 +185,8 @@ def plan_affine(next_input: Callable[[int], WindowInput | None], config: WindowC
 
 
 def _affine_window(new: WindowInput, config: WindowConfig, w: int, epoch: int, step: int,
-                   carry: tuple[np.ndarray, ...], source_of: Callable[[np.ndarray], np.ndarray] | None = None
-                   ) -> tuple[Window, np.ndarray, np.ndarray]:
+                   carry: tuple[np.ndarray, ...], source_of: Callable[[np.ndarray], np.ndarray] | None = None,
+                   budget: StepBudget | None = None) -> tuple[Window, np.ndarray, np.ndarray]:
     """Window ``new`` planned shard-affine at world ``w``, its samples' (n,)
     int64 lengths and (n,) int64 holders (UNHELD for carried samples no rank
     holds). carry: (ids, local, lengths, holder) (c,) int64 each, holder
@@ -193,9 +207,12 @@ def _affine_window(new: WindowInput, config: WindowConfig, w: int, epoch: int, s
     if source_of is not None:
         src = source_of(new.ids[kept])
         groups = np.flatnonzero(np.diff(src, prepend=-1, append=-1)).astype(np.int64)
+    cap = None
+    if budget is not None:  # the window's share of the epoch's step limit
+        cap = budget.cap(np.concatenate([carry_len, new_len[kept]]), w, config.drop_last if new.last else True)
     aw = plan_affine_window(carry_len, holder_in, new_len[kept], config.max_batch_tokens, config.max_batch_size,
                             w, config.shuffle, new.last, config.drop_last, window_seed(config.seed, epoch, new.index),
-                            dict(config.planner_options), groups)
+                            dict(config.planner_options), groups, cap)
     c = carry_ids.shape[0]
     ids = np.concatenate([carry_ids, new.ids[kept]])
     local = np.concatenate([carry_local, new.local[kept]])

@@ -43,6 +43,7 @@ from ...planners import RECOMMENDED
 
 _U64 = 1 << 64
 MODE_NAMES = ("sample", "shard")  # the strategies are epoch/modes.py READ_MODES
+SHARD_PLANNER = "bucketed"  # the one planner name shard mode accepts: its walk takes this planner's options
 
 
 def check_read_mode(mode: Any) -> str:
@@ -85,8 +86,15 @@ class WindowConfig(PlanConfig):
 
     @classmethod
     def _options_planner(cls, planner: str, extra: Mapping[str, Any]) -> str:
-        # shard mode plans with its own walk, which takes the bucketed planner's options
-        return "bucketed" if extra.get("read_mode") == "shard" else planner
+        # Shard mode plans with its own walk (each rank's own shards), which takes the bucketed planner's options:
+        # another planner cannot plan it, and is refused rather than silently replaced.
+        if extra.get("read_mode") == "shard" and planner != SHARD_PLANNER:
+            raise ValueError(
+                f"read_mode='shard' plans every rank's own shards with its shard-affine walk, which takes the "
+                f"{SHARD_PLANNER!r} planner's options; planner={planner!r} cannot plan it: use "
+                f"planner={SHARD_PLANNER!r} (the default) with read_mode='shard', or read_mode='sample' to plan "
+                f"with {planner!r}")
+        return planner
 
     def key(self) -> tuple:
         # sample mode keeps its key, so states saved before read_mode existed still load

@@ -26,7 +26,7 @@ def _fits(count, longest, max_tokens, max_size, max_cost, code, q):
 
 
 @njit(cache=True)
-def affine_steps(slen, starts, max_tokens, max_size, code, q, max_cost):
+def affine_steps(slen, starts, max_tokens, max_size, code, q, max_cost, full_only):
     """Cut every rank's own samples into the same number of global steps.
 
     slen: (n,) int64 lengths, ascending within each rank's segment
@@ -45,6 +45,10 @@ def affine_steps(slen, starts, max_tokens, max_size, code, q, max_cost):
 
     The walk stops when any rank has no sample left (what the others hold
     then is the caller's to carry or finish).
+
+    full_only (0 or 1): every rank takes its full batch every step (no
+    target): the fewest steps the ranks' own samples allow, for a window the
+    balanced walk would give more steps than its cap.
 
     Returns (counts (k, W) int64, k, pos (W,) int64): pos[r] is where rank r
     stopped in its segment.
@@ -72,6 +76,8 @@ def affine_steps(slen, starts, max_tokens, max_size, code, q, max_cost):
                 e += 1
             full[r] = e
             target = min(target, _cost(e - p, slen[e - 1], code, q))
+        if full_only:
+            target = np.iinfo(np.int64).max
         for r in range(w):
             p = pos[r]
             aim = target
@@ -98,7 +104,7 @@ def affine_steps(slen, starts, max_tokens, max_size, code, q, max_cost):
 
 
 @njit(cache=True)
-def packed_affine_steps(slen, starts, max_tokens, max_size, code, q, max_cost):
+def packed_affine_steps(slen, starts, max_tokens, max_size, code, q, max_cost, full_only):
     """``affine_steps`` for packed batches: a batch's tokens are the sum of
     its lengths (no padding) and its cost the sum of its samples' costs.
 
@@ -115,7 +121,7 @@ def packed_affine_steps(slen, starts, max_tokens, max_size, code, q, max_cost):
     16,000, W = 8) but left the middle lengths, about a batch per rank, to
     carry or to plan across ranks in the final window (1,715 samples vs 9;
     342 ranged reads vs 7), where prefixes leave the few longest. The walk
-    stops when any rank has no sample left.
+    stops when any rank has no sample left. full_only: as ``affine_steps``.
 
     Returns (counts (k, W) int64, k, pos (W,) int64) as ``affine_steps``.
     """
@@ -154,6 +160,8 @@ def packed_affine_steps(slen, starts, max_tokens, max_size, code, q, max_cost):
                     hi = mid - 1
             full[r] = lo
             target = min(target, cst[lo] - cst[p])
+        if full_only:
+            target = np.iinfo(np.int64).max
         for r in range(w):
             p = pos[r]
             # largest e in [p + 1, full[r]] costing <= target, or the next one if nearer

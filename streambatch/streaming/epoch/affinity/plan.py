@@ -69,6 +69,7 @@ from typing import Any
 
 import numpy as np
 
+from ....core.bounds import fewest_batches, fewest_steps
 from ....core.plan import Plan, assemble
 from ....planners import make_plan
 from ....planners.bucketed.plan import PLANNER, check_options
@@ -172,7 +173,7 @@ def cut_points(weights: np.ndarray, shares: np.ndarray) -> np.ndarray:
 def plan_affine_window(carry_len: np.ndarray, carry_holder: np.ndarray, new_len: np.ndarray,
                        max_batch_tokens: int, max_batch_size: int, world_size: int, shuffle: bool,
                        final: bool, drop_last: bool, seed: int, options: dict[str, Any],
-                       groups: np.ndarray | None = None) -> AffineWindow:
+                       groups: np.ndarray | None = None, max_steps: int | None = None) -> AffineWindow:
     """Plan one window in shard-affine mode (inputs validated by the caller).
 
     carry_len, carry_holder: (c,) int64 lengths and holding ranks of the
@@ -186,6 +187,10 @@ def plan_affine_window(carry_len: np.ndarray, carry_holder: np.ndarray, new_len:
     getting the same fraction of every group, so that every rank's samples
     follow the window's mix of lengths (one source per rank would leave the
     ranks' walks far apart: measured, 1.6x the steps). None: one group.
+    max_steps: the window's cap (``step_budget.py``); when the balanced walk
+    and its pooled plan take more steps, the window is planned again with
+    every rank taking its full batch each step (``affine_steps``'
+    ``full_only``): the fewest steps the ranks' own samples allow.
     """
     _, cost, max_step_cost = check_options(options)
     packed = PLANNER.packs(PLANNER.resolve(options))
@@ -204,6 +209,24 @@ def plan_affine_window(carry_len: np.ndarray, carry_holder: np.ndarray, new_len:
     np.add.at(carry_w, carry_holder, weights[:c])
     new_w = weights[c:]
     shares = water_levels(carry_w, int(new_w.sum()))
+    first = None
+    for full_only in (False, True):
+        aw = _plan_window(lengths, weights, pooled, carry_holder, c, new_w, shares, w, tokens, cap, cost, max_cost,
+                          packed, shuffle, final, drop_last, seed, max_batch_tokens, max_batch_size, options, groups,
+                          full_only, max_steps)
+        if max_steps is None or aw.plan.num_steps <= max_steps:
+            return aw
+        first = first or aw
+    return aw if aw.plan.num_steps < first.plan.num_steps else first
+
+
+def _plan_window(lengths: np.ndarray, weights: np.ndarray, pooled: np.ndarray, carry_holder: np.ndarray, c: int,
+                 new_w: np.ndarray, shares: np.ndarray, w: int, tokens: int, cap: int, cost: Any, max_cost: int,
+                 packed: bool, shuffle: bool, final: bool, drop_last: bool, seed: int, max_batch_tokens: int,
+                 max_batch_size: int, options: dict[str, Any], groups: np.ndarray | None,
+                 full_only: bool, max_steps: int | None) -> AffineWindow:
+    """Steps 1-6 of the module docstring for one window (``plan_affine_window``'s checked values)."""
+    n = lengths.shape[0]
     rng = np.random.Generator(np.random.PCG64(np.random.SeedSequence([seed % _U64, 0xAFF])))
     tags = rng.integers(0, 1 << 62, size=n) if shuffle else np.arange(n)
     best = None
@@ -217,7 +240,7 @@ def plan_affine_window(carry_len: np.ndarray, carry_holder: np.ndarray, new_len:
         walker = np.where(pooled, w, holder)  # pooled samples sort after every rank's segment
         order = np.lexsort((tags, lengths, walker)).astype(np.int64)
         starts = np.searchsorted(walker[order], np.arange(w + 1)).astype(np.int64)
-        samples, counts, rest = _walk(lengths, order, starts, tokens, cap, cost, max_cost, packed)
+        samples, counts, rest = _walk(lengths, order, starts, tokens, cap, cost, max_cost, packed, full_only)
         if best is None or rest.size < best[-1].size:
             best = (cuts, holder, order, starts, samples, counts, rest)
         if rest.size == 0:
@@ -235,9 +258,14 @@ def plan_affine_window(carry_len: np.ndarray, carry_holder: np.ndarray, new_len:
         # few samples per rank) are planned across ranks, as in sample mode: a
         # sample given to a rank other than its holder costs that rank one
         # ranged read, instead of a lopsided step or steps of padding.
-        extra = make_plan(lengths[pool], max_batch_tokens, max_batch_size, w, shuffle=shuffle,
-                          drop_last=drop_last or not final, seed=int(rng.integers(0, 1 << 62)), planner="bucketed",
-                          **options)
+        x_drop = drop_last or not final
+        x_options = dict(options)
+        if max_steps is not None:  # what the window's cap leaves after the walk (at least the pool's fewest)
+            x_fewest = fewest_steps(fewest_batches(lengths[pool], max_batch_tokens, max_batch_size, packed, cost,
+                                                   max_cost), w, x_drop)
+            x_options["max_steps"] = max(max_steps - counts.shape[0], x_fewest)
+        extra = make_plan(lengths[pool], max_batch_tokens, max_batch_size, w, shuffle=shuffle, drop_last=x_drop,
+                          seed=int(rng.integers(0, 1 << 62)), planner="bucketed", **x_options)
         x_samples, x_counts = to_holders(pool[extra.samples], np.diff(extra.offsets).reshape(-1, w), holder)
         if not packed:  # (its swaps keep each batch's longest, not its sum of lengths)
             x_samples = swap_to_holders(x_samples, x_counts, holder, lengths)
@@ -254,7 +282,7 @@ def plan_affine_window(carry_len: np.ndarray, carry_holder: np.ndarray, new_len:
 
 
 def _walk(lengths: np.ndarray, order: np.ndarray, starts: np.ndarray, tokens: int, cap: int, cost: Any,
-          max_cost: int, packed: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+          max_cost: int, packed: bool, full_only: bool = False) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Step 3, the walk of every rank's own samples at one pace.
 
     order: (n,) int64 window indices, each rank's segment
@@ -266,7 +294,7 @@ def _walk(lengths: np.ndarray, order: np.ndarray, starts: np.ndarray, tokens: in
     w = starts.shape[0] - 1
     slen = lengths[order]
     walk = packed_affine_steps if packed else affine_steps
-    counts, k, pos = walk(slen, starts, tokens, cap, cost.code, cost.kernel_q, max_cost)
+    counts, k, pos = walk(slen, starts, tokens, cap, cost.code, cost.kernel_q, max_cost, full_only)
     counts = counts[:k]
     rest = order[np.concatenate([np.arange(pos[r], starts[r + 1]) for r in range(w)]).astype(np.int64)]
     # rank r's batches are consecutive slices of its segment of ``order``
