@@ -54,9 +54,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from . import compile_once as once  # called as once.compile_once: tests swap it
 from .cost import INT64_MAX, CostModel
 
-__all__ = ["STEP_SLACK", "LengthCounts", "StepBound", "fewest_batches", "fewest_steps", "step_bound", "step_limit"]
+__all__ = ["STEP_SLACK", "LengthCounts", "StepBound", "fewest_batches", "fewest_steps", "length_histogram",
+           "step_bound", "step_limit"]
 
 # Plans may take at most 1 + 1/STEP_SLACK_DIV of the fewest steps, plus one: ``step_limit``.
 STEP_SLACK_DIV = 20
@@ -117,8 +119,8 @@ class LengthCounts:
         if values.shape[0] == 0:
             return 0
         if pack:
-            return _packed_batches(np.repeat(values, counts), max_batch_tokens, max_batch_size,
-                                   cost or CostModel.quadratic(), max_cost)
+            return _packed_from_counts(values, counts, max_batch_tokens, max_batch_size, cost or CostModel.quadratic(),
+                                       max_cost)
         return _fill_batches(values[::-1].copy(), counts[::-1].copy(), max_batch_tokens, max_batch_size,
                              cost or CostModel.quadratic(), max_cost)
 
@@ -128,9 +130,17 @@ def _fill_batches(values: np.ndarray, counts: np.ndarray, budget: int, cap: int,
     """The fill's batch count of a histogram: values (k,) int64 descending, counts (k,) int64 >= 1."""
     from .bounds_kernel import fill_count  # lazy for start-up: no numba before the first plan
 
+    # compiled once per node (or loaded) on a tiny input of the same argument types: core/compile_once.py
+    one = np.ones(1, dtype=np.int64)
+    once.compile_once("bounds", (), lambda: fill_count(one, one, one[0], one[0], one[0], one[0], one[0]))
     ca, cb = cost.coefficients
     return int(fill_count(values, counts, np.int64(budget), np.int64(cap), np.int64(ca), np.int64(cb),
                           np.int64(max_cost)))
+
+
+def length_histogram(lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(distinct lengths descending, their counts), both (k,) int64, of (N,) int64 lengths >= 0, N >= 1."""
+    return _histogram(lengths)
 
 
 def _histogram(lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -164,31 +174,41 @@ def fewest_batches(lengths: np.ndarray, max_batch_tokens: int, max_batch_size: i
 
 
 def _packed_batches(lengths: np.ndarray, budget: int, cap: int, cost: CostModel, max_cost: int) -> int:
-    per = cost.packed_scaled(lengths)
-    lone = (lengths > budget) | (per > max_cost)
-    rest = lengths[~lone]
-    m = int(rest.shape[0])
+    values, counts = _histogram(lengths)
+    return _packed_from_counts(values, counts, budget, cap, cost, max_cost)
+
+
+def _packed_from_counts(values: np.ndarray, counts: np.ndarray, budget: int, cap: int, cost: CostModel,
+                        max_cost: int) -> int:
+    """``_packed_batches`` of a histogram: values (k,) int64 distinct lengths, counts (k,) int64 >= 1."""
+    per = cost.packed_scaled(values)
+    lone = (values > budget) | (per > max_cost)
+    n_lone = int(counts[lone].sum())
+    values, counts, per = values[~lone], counts[~lone], per[~lone]
+    m = int(counts.sum())
     if m == 0:
-        return int(lone.sum())
-    bound = max(-(-int(rest.sum()) // budget), -(-m // cap), _dual_bound(rest, budget))
+        return n_lone
+    tokens = int((values * counts).sum())  # lengths <= budget, so no int64 overflow for any sane count
+    bound = max(-(-tokens // budget), -(-m // cap), _dual_bound(values, counts, budget))
     if max_cost < INT64_MAX:
         # float sum (scaled costs of many samples may pass int64), rounded down: a bound only needs to be one
-        bound = max(bound, int(np.ceil(float(per[~lone].astype(np.float64).sum()) / max_cost * (1 - 1e-12) - 1e-9)))
-    return int(lone.sum()) + bound
+        total = float((per.astype(np.float64) * counts).sum())
+        bound = max(bound, int(np.ceil(total / max_cost * (1 - 1e-12) - 1e-9)))
+    return n_lone + bound
 
 
 DUAL_K = 40  # the dual functions tried: items longer than budget / (k + 1) fit at most k to a batch
 
 
-def _dual_bound(rest: np.ndarray, budget: int) -> int:
+def _dual_bound(values: np.ndarray, counts: np.ndarray, budget: int) -> int:
     """A bin-packing lower bound from the dual feasible functions of Fekete
     and Schepers: with x = L / budget, ``u_k(x) = x`` if (k + 1) x is an
     integer, else ``floor((k + 1) x) / k``; any set of items fitting one batch
     has sum(u_k) <= 1, so ``ceil(sum u_k)`` batches at least (exact for equal
-    lengths: k = budget // L gives ceil(N / k)). rest: (m,) int64 in [0, budget]."""
+    lengths: k = budget // L gives ceil(N / k)). values: (k,) int64 distinct
+    lengths in [0, budget], counts: (k,) int64 of each."""
     if budget > 2**56:  # (k + 1) * L must stay inside int64; such budgets get the other bounds only
         return 0
-    values, counts = np.unique(rest, return_counts=True)
     keep = values > 0  # zero-length samples cost no room
     values, counts = values[keep], counts[keep]
     best = 0
@@ -218,7 +238,13 @@ def step_limit(fewest: int, slack_div: int = STEP_SLACK_DIV) -> int:
 
 def step_bound(lengths: np.ndarray, max_batch_tokens: int, max_batch_size: int, world_size: int,
                drop_last: bool = False, pack: bool = False, cost: CostModel | None = None,
-               max_cost: int = INT64_MAX) -> StepBound:
-    """The ``StepBound`` of these settings (arguments as ``fewest_batches``)."""
-    b = fewest_batches(lengths, max_batch_tokens, max_batch_size, pack, cost, max_cost)
+               max_cost: int = INT64_MAX, histogram: tuple[np.ndarray, np.ndarray] | None = None) -> StepBound:
+    """The ``StepBound`` of these settings (arguments as ``fewest_batches``;
+    ``histogram``: ``length_histogram(lengths)`` if the caller has it)."""
+    if histogram is None or lengths.shape[0] == 0:
+        b = fewest_batches(lengths, max_batch_tokens, max_batch_size, pack, cost, max_cost)
+    elif pack:
+        b = _packed_from_counts(*histogram, max_batch_tokens, max_batch_size, cost or CostModel.quadratic(), max_cost)
+    else:
+        b = _fill_batches(*histogram, max_batch_tokens, max_batch_size, cost or CostModel.quadratic(), max_cost)
     return StepBound(b, fewest_steps(b, world_size, drop_last), not pack)

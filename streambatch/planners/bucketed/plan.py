@@ -195,8 +195,10 @@ def plan_bucketed(lengths: np.ndarray, max_batch_tokens: int, max_batch_size: in
     width, cost, max_step_cost = check_options(options)
     max_steps = options.get("max_steps")
     if options.get("pack"):
-        return plan_packed(lengths, max_batch_tokens, max_batch_size, world_size, shuffle, drop_last, seed, epoch,
-                           width, cost, max_step_cost, max_steps)
+        key = plan_key(seed, epoch)
+        phase = float(subkey(key, 1) >> np.uint64(11)) / 2.0**53 if shuffle else 0.0
+        return plan_packed(lengths, max_batch_tokens, max_batch_size, world_size, shuffle, drop_last, subkey(key, 6),
+                           lambda lmax: bucket_edges(lmax, width, phase), cost, max_step_cost, max_steps)
 
     n = lengths.shape[0]
     w = world_size
