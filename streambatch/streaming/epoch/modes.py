@@ -25,7 +25,7 @@ import numpy as np
 from ...planners import plan_epoch
 from ...planners.elastic import Segments
 from .affinity.plan import warm_up as warm_up_affine
-from .sample_mode import WindowInput, plain_inputs, plan_windows
+from .sample_mode import WindowInput, plain_inputs, plan_windows, summarize_windows
 from .shard_mode import affine_windows, plan_affine
 from .windows import EpochSummary, Window, WindowConfig, check_read_mode
 
@@ -124,13 +124,4 @@ def iter_windows(counts: np.ndarray, load_lengths: Callable[[int], np.ndarray], 
 def summarize(counts: np.ndarray, load_lengths: Callable[[int], np.ndarray], config: WindowConfig,
               epoch: int) -> EpochSummary:
     """Plan the whole epoch (lengths only) and count what it trains on."""
-    steps = padded = dropped = over = 0
-    per_window = []
-    for w in iter_windows(counts, load_lengths, config, epoch):
-        steps += w.num_steps
-        over += w.too_long
-        per_window.append(w.num_steps)
-        if w.last:
-            padded, dropped = w.plan.num_padded, w.plan.num_dropped
-    samples = int(counts.sum()) - dropped - over
-    return EpochSummary(epoch, steps, samples, padded, dropped, tuple(per_window), over)
+    return summarize_windows(iter_windows(counts, load_lengths, config, epoch), int(counts.sum()), epoch, config)

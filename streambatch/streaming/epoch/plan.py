@@ -93,7 +93,8 @@ class EpochPlan:
             if self.sources is None and not segments:
                 summary = summarize(self.catalog.counts, self.catalog.lengths, self.config, epoch)
             else:
-                summary = summarize_windows(self.windows(epoch, segments), self.samples_per_epoch, epoch)
+                summary = summarize_windows(self.windows(epoch, segments), self.samples_per_epoch, epoch,
+                                            self.config, sum(k for _, k in segments))
             if summary.too_long and not self._summaries:  # once per dataset, not per epoch
                 log.warning("StreamingBatches: %d of %d samples are longer than max_length=%d and are left out",
                             summary.too_long, self.catalog.num_samples, self.config.max_length)

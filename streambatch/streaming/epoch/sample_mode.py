@@ -23,6 +23,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ...core.bounds import LengthCounts
 from ...core.validation import coerce_lengths
 from ...planners import plan_epoch
 from ...planners.elastic import Segments, remaining, truncate
@@ -147,7 +148,7 @@ def plan_windows(inputs: Iterator[WindowInput], config: WindowConfig, epoch: int
             # the segment ends inside this window: its first steps were trained, the rest is planned again
             cut = seg_end - step
             if cut > 0:
-                yield Window(win.index, step, truncate(plan, cut), ids, local, False, too_long=over)
+                yield Window(win.index, step, truncate(plan, cut), ids, local, False, too_long=over, lengths=lengths)
                 over = 0
             rest = remaining(np.arange(lengths.shape[0], dtype=np.int64), plan, cut)
             budget.reset()  # the rest is planned at the next world size: its own accounting
@@ -160,22 +161,31 @@ def plan_windows(inputs: Iterator[WindowInput], config: WindowConfig, epoch: int
         budget.spend(lengths[trained], plan.num_steps)
         if not last:
             carry_ids, carry_local, carry_len = ids[left], local[left], lengths[left]
-        yield Window(win.index, step, plan, ids, local, last, too_long=over)
+        yield Window(win.index, step, plan, ids, local, last, too_long=over, lengths=lengths)
         step += plan.num_steps
     if seg_end is not None and step < seg_end:
         raise ValueError(f"elastic segment {seg} ends at step {seg_end} but the epoch has only {step} steps; "
                          "the state does not belong to these shards and settings")
 
 
-def summarize_windows(windows: Iterator[Window], samples: int, epoch: int) -> EpochSummary:
+def summarize_windows(windows: Iterator[Window], samples: int, epoch: int, config: WindowConfig | None = None,
+                      done: int = 0) -> EpochSummary:
     """An EpochSummary of planned windows; ``samples``: the epoch's samples
-    (before drop and max_length). ``window_steps`` counts every planned piece."""
+    (before drop and max_length). ``window_steps`` counts every planned piece.
+    With ``config`` the summary gives the fewest steps: the ``done`` steps
+    of finished elastic segments (windows starting before them count as
+    planned) plus the fewest of every sample planned after them."""
     steps = padded = dropped = over = 0
     per_window = []
+    rest = LengthCounts()
     for w in windows:
         steps += w.num_steps
         over += w.too_long
         per_window.append(w.num_steps)
         if w.last:
             padded, dropped = w.plan.num_padded, w.plan.num_dropped
-    return EpochSummary(epoch, steps, samples - dropped - over, padded, dropped, tuple(per_window), over)
+        if config is not None and w.first_step >= done and w.lengths is not None:
+            rest.add(w.planned_lengths())
+    fewest = None if config is None else done + StepBudget(config).fewest_of(rest, config.world_size,
+                                                                             config.drop_last)
+    return EpochSummary(epoch, steps, samples - dropped - over, padded, dropped, tuple(per_window), over, fewest)

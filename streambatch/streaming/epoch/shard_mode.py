@@ -142,7 +142,7 @@ def plan_affine(next_input: Callable[[int], WindowInput | None], config: WindowC
             # the segment ends inside this window: its first steps were trained, the rest is finished in sample mode
             cut = seg_end - step
             if cut > 0:
-                yield replace(win, plan=truncate(win.plan, cut), last=False)
+                yield replace(win, plan=truncate(win.plan, cut), last=False, lengths=lengths)
             rest = remaining(np.arange(win.shard_ids.shape[0], dtype=np.int64), win.plan, cut)
             ids, local, lengths = win.shard_ids[rest], win.local[rest], lengths[rest]
             step += cut
@@ -161,12 +161,13 @@ def plan_affine(next_input: Callable[[int], WindowInput | None], config: WindowC
                     break
                 cut = seg_end - step  # another resize inside the replanned rest
                 if cut > 0:
-                    yield Window(j, step, truncate(plan, cut), ids, local, False, reads=_fetch_rows(plan, ids, local))
+                    yield Window(j, step, truncate(plan, cut), ids, local, False, reads=_fetch_rows(plan, ids, local),
+                                 lengths=lengths)
                 rest = remaining(np.arange(ids.shape[0], dtype=np.int64), plan, cut)
                 ids, local, lengths = ids[rest], local[rest], lengths[rest]
                 step += cut
                 piece += 1
-            win = Window(j, step, plan, ids, local, last, reads=_fetch_rows(plan, ids, local))
+            win = Window(j, step, plan, ids, local, last, reads=_fetch_rows(plan, ids, local), lengths=lengths)
             left = plan.leftover if plan.leftover is not None else none
             budget.spend(np.delete(lengths, left), plan.num_steps)
             carry_ids, carry_local, carry_len = ids[left], local[left], lengths[left]
@@ -235,7 +236,7 @@ def _affine_window(new: WindowInput, config: WindowConfig, w: int, epoch: int, s
         reads = np.concatenate([reads, more])
         reads = reads[np.argsort(reads[:, 0], kind="stable")]
     lengths = np.concatenate([carry_len, new_len[kept]])
-    win = Window(new.index, step, aw.plan, ids, local, new.last, aw.holder, reads, c, over)
+    win = Window(new.index, step, aw.plan, ids, local, new.last, aw.holder, reads, c, over, lengths)
     return win, lengths, held
 
 

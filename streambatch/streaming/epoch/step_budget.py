@@ -68,6 +68,11 @@ class StepBudget:
         cap = max(step_limit(self._fewest(lengths, world, drop_last), self.slack_div) - self.steps, own)
         return cap if self.user_cap is None else max(min(cap, self.user_cap), own)
 
+    def fewest_of(self, counts: LengthCounts, world: int, drop_last: bool) -> int:
+        """The fewest steps of the lengths in ``counts`` at ``world`` ranks."""
+        b = counts.fewest_batches(self.tokens, self.size, self.pack, self.cost, self.max_cost)
+        return fewest_steps(b, world, drop_last)
+
     def spend(self, trained: np.ndarray, steps: int) -> None:
         """Count a planned window: (k,) int64 lengths of the samples its steps train, and its steps."""
         self.trained.add(trained)

@@ -113,6 +113,7 @@ class Window:
     local: (n,) int64 index of that sample within its shard's sidecar.
     first_step: epoch step index of the window's first step.
     too_long: samples of the window's shards longer than ``max_length``, not planned.
+    lengths: (n,) int64 planning length of each sample (the epoch summary's fewest steps).
     holder: shard mode only: (n,) int64 rank that streams (or carried in)
         each sample; every rank's batches hold only its own samples, except
         a few (see ``reads``).
@@ -137,10 +138,22 @@ class Window:
     reads: np.ndarray | None = None
     n_carried: int = 0
     too_long: int = 0
+    lengths: np.ndarray | None = None
 
     @property
     def num_steps(self) -> int:
         return self.plan.num_steps
+
+    def planned_lengths(self) -> np.ndarray:
+        """(k,) int64 lengths of the samples this window settles: those its
+        steps train (padding repeats once), and in the epoch's last window
+        those it drops; not those it carries into the next window."""
+        assert self.lengths is not None, "windows of the epoch plan carry their lengths"
+        keep = np.zeros(self.lengths.shape[0], dtype=bool)
+        keep[self.plan.samples] = True
+        if self.last and self.plan.leftover is not None:
+            keep[self.plan.leftover] = True
+        return self.lengths[keep]
 
     def worker_steps(self, start: int, stride: int) -> range:
         """The window's epoch steps that the DataLoader worker starting at epoch
@@ -168,7 +181,10 @@ class EpochSummary:
     ``samples`` distinct samples trained on, ``padded`` repeats added to fill
     the final step, ``dropped`` samples left out (``drop_last=True``),
     ``window_steps`` steps per window, ``too_long`` samples longer than
-    ``max_length`` left out (not in ``samples``)."""
+    ``max_length`` left out (not in ``samples``), ``fewest_steps`` the fewest
+    steps any plan of the epoch's samples can take at this world size
+    (``core/bounds.py``; after an elastic resize, the steps trained before it
+    plus the fewest of the rest; packed: a lower bound)."""
 
     epoch: int
     steps: int
@@ -177,6 +193,16 @@ class EpochSummary:
     dropped: int
     window_steps: tuple[int, ...]
     too_long: int = 0
+    fewest_steps: int | None = None
+
+    @property
+    def steps_ratio(self) -> float | None:
+        """``steps / fewest_steps`` (1.0 when both are 0), or None when the fewest is not known."""
+        if self.fewest_steps is None:
+            return None
+        if self.fewest_steps == 0:
+            return 1.0 if self.steps == 0 else float("inf")
+        return self.steps / self.fewest_steps
 
 
 def worker_steps(lo: int, hi: int, start: int, stride: int) -> range:
