@@ -43,9 +43,12 @@ by leaving out its last ``B mod W`` batches.
 **Packed batches** (``sum(L) <= budget``, ``B <= cap``, a lone sample over
 the budget alone): a bin-packing problem, NP-hard, so this is a *bound*, not
 the exact minimum: the lone samples, plus for the rest the largest of
-``ceil(sum L / budget)``, ``ceil(count / cap)``, the number longer than half
-the budget (no two share a batch) and, under a cost cap,
-``ceil(sum cost / cap)``. Steps follow from it as above (still bounds).
+``ceil(sum L / budget)``, ``ceil(count / k)`` with k the most samples a
+batch can hold (the size cap, or how many of the shortest fit the budget),
+the dual-function bound (``_dual_bound``: at most k samples longer than
+budget / (k + 1) share a batch) and, under a cost cap,
+``ceil(sum cost / cap)``; a sample that fits beside no other one counts
+as a batch of its own. Steps follow from it as above (still bounds).
 """
 
 from __future__ import annotations
@@ -118,11 +121,11 @@ class LengthCounts:
             counts = counts.astype(np.int64)
         if values.shape[0] == 0:
             return 0
+        values, counts = values[::-1].copy(), counts[::-1].copy()  # descending, as the bounds take them
         if pack:
             return _packed_from_counts(values, counts, max_batch_tokens, max_batch_size, cost or CostModel.quadratic(),
                                        max_cost)
-        return _fill_batches(values[::-1].copy(), counts[::-1].copy(), max_batch_tokens, max_batch_size,
-                             cost or CostModel.quadratic(), max_cost)
+        return _fill_batches(values, counts, max_batch_tokens, max_batch_size, cost or CostModel.quadratic(), max_cost)
 
 
 def _fill_batches(values: np.ndarray, counts: np.ndarray, budget: int, cap: int, cost: CostModel,
@@ -188,13 +191,47 @@ def _packed_from_counts(values: np.ndarray, counts: np.ndarray, budget: int, cap
     m = int(counts.sum())
     if m == 0:
         return n_lone
+    # A sample that does not fit beside even the shortest other one is alone too (values descend).
+    vmin = int(values[-1])
+    alone = values + vmin > budget
+    if counts[-1] == 1:  # the shortest sample's shortest other is the next value up
+        alone[-1] = values.shape[0] == 1 or vmin + int(values[-2]) > budget
+    if alone.any():
+        n_lone += int(counts[alone].sum())
+        values, counts, per = values[~alone], counts[~alone], per[~alone]
+        m = int(counts.sum())
+        if m == 0:
+            return n_lone
+    # At most k to a batch: the size cap, and how many of the shortest samples the budget holds.
+    run = np.cumsum(np.repeat(values[::-1], np.minimum(counts[::-1], cap))[:cap])
+    k = max(1, int(np.searchsorted(run, budget, side="right")))
     tokens = int((values * counts).sum())  # lengths <= budget, so no int64 overflow for any sane count
-    bound = max(-(-tokens // budget), -(-m // cap), _dual_bound(values, counts, budget))
+    bound = max(-(-tokens // budget), -(-m // min(cap, k)), _dual_bound(values, counts, budget),
+                _host_bound(values, counts, budget, cap))
     if max_cost < INT64_MAX:
         # float sum (scaled costs of many samples may pass int64), rounded down: a bound only needs to be one
         total = float((per.astype(np.float64) * counts).sum())
         bound = max(bound, int(np.ceil(total / max_cost * (1 - 1e-12) - 1e-9)))
     return n_lone + bound
+
+
+def _host_bound(values: np.ndarray, counts: np.ndarray, budget: int, cap: int) -> int:
+    """Samples longer than half the budget take a batch each; such a batch
+    hosts at most h(L) others, the most of the shortest rest that fit beside
+    it (and the size cap); the rest fill batches of at most k (the shortest
+    that fit one batch). So ``big + ceil((small - sum h) / k)`` batches at
+    least. values: (k,) int64 distinct lengths, descending; counts: (k,)."""
+    big = 2 * values > budget
+    n_big = int(counts[big].sum())
+    small_v, small_c = values[~big][::-1], counts[~big][::-1]  # ascending
+    n_small = int(small_c.sum())
+    if n_big == 0 or n_small == 0:
+        return n_big + (1 if n_small else 0)
+    run = np.cumsum(np.repeat(small_v, np.minimum(small_c, cap))[:cap])  # the cap shortest, summed
+    hosted = np.minimum(np.searchsorted(run, budget - values[big], side="right"), cap - 1)
+    k = max(1, min(cap, int(np.searchsorted(run, budget, side="right"))))
+    rest = n_small - int((hosted * counts[big]).sum())
+    return n_big + max(0, -(-rest // k))
 
 
 DUAL_K = 40  # the dual functions tried: items longer than budget / (k + 1) fit at most k to a batch

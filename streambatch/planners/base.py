@@ -21,7 +21,11 @@ them for every registered planner):
   ``pack`` option is True) counts real tokens instead (sum of lengths: the
   samples are concatenated, no padding);
 - the plan is a pure function of its arguments: same input, same plan; other
-  epochs (with shuffling) give other plans.
+  epochs (with shuffling) give other plans;
+- unless the planner says otherwise (``Planner.bounded`` False: the
+  seed-exact greedy planner, which reproduces the seed sampler's batches),
+  at most ``step_limit(fewest)`` steps, 1.05 x the fewest any valid plan can
+  have + 1 (``core/bounds.py``; packed: the fewest is a lower bound).
 """
 
 from __future__ import annotations
@@ -79,6 +83,9 @@ class Planner:
     unchecked (for quick experiments; declare them before relying on it).
     costs: the ``CostModel`` kinds the planner balances under; a planner
     without a ``cost`` option always uses the first (the seed's quadratic).
+    bounded: the planner promises at most 1.05 x the fewest steps + 1
+    (checked by the contract tests); False exempts it (the seed-exact greedy
+    planner: its batches are the seed's).
     """
 
     name: str
@@ -87,6 +94,7 @@ class Planner:
     options: tuple[Option, ...] | None = ()
     costs: tuple[str, ...] = ("quadratic",)
     summary: str = ""
+    bounded: bool = True  # promises at most 1.05 x the fewest steps + 1 (False: exempt, e.g. seed-exact)
 
     def __post_init__(self) -> None:
         bad = [c for c in self.costs if c not in ALL_KINDS]

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from streambatch.core.bounds import StepBound, fewest_batches, fewest_steps, step_bound
+from streambatch.core.bounds import LengthCounts, StepBound, fewest_batches, fewest_steps, step_bound
 from streambatch.core.cost import CostModel
 
 from helpers import examples
@@ -119,3 +119,17 @@ def test_large_lengths_take_the_sorting_path():
         i += max(1, min(64, budget // int(s[i])))
         batches += 1
     assert fewest_batches(arr, budget, 64) == batches
+
+
+@settings(max_examples=examples(100), deadline=None)
+@given(parts=st.lists(st.lists(st.integers(0, 300), max_size=40), max_size=5), budget=st.integers(1, 600),
+       cap=st.integers(1, 9), pack=st.booleans())
+def test_length_counts_add_up(parts, budget, cap, pack):
+    # an epoch planned window by window: the counts of every window's lengths give the fewest of all of them
+    counts = LengthCounts()
+    for part in parts[:-1]:
+        counts.add(np.array(part, dtype=np.int64))
+    more = np.array(parts[-1] if parts else [], dtype=np.int64)
+    every = np.array([x for part in parts for x in part], dtype=np.int64)
+    assert counts.fewest_batches(budget, cap, pack, more=more) == fewest_batches(every, budget, cap, pack)
+    assert counts.total == every.size - more.size

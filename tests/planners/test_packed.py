@@ -73,9 +73,13 @@ def naive_pack(lengths: list[int], edges: list[int], w: int, tokens: int, cap: i
                     # mean tracking: the bin's samples longer on average than those left: at most room per
                     # target slot, the target a bin of the mean length left holds (at most the size cap)
                     c_, rem, lt = len(bins[b]), float(remaining), float(left_tokens)
-                    if (spread and room * rem < (cap - c_) * lt and t[b] * rem > c_ * lt
-                            and tokens * rem > (c_ + 1) * lt and cap - c_ > 1):
-                        q = longest_fitting(full, int(room / min(float(cap - c_), tokens * rem / lt - c_)))
+                    if spread and cap - c_ > 1:
+                        if tokens * rem >= cap * lt:  # count-bound: room kept for the other slots at the shortest
+                            keep = room - (cap - c_ - 1) * lengths[queues[full[0]][0]]
+                            if keep >= 0:
+                                q = longest_fitting(full, keep)
+                        elif room * rem < (cap - c_) * lt and t[b] * rem > c_ * lt and tokens * rem > (c_ + 1) * lt:
+                            q = longest_fitting(full, int(room / min(float(cap - c_), tokens * rem / lt - c_)))
                     if q is None:
                         q = longest_fitting(full, room)
                 if q is None:

@@ -253,22 +253,30 @@ def pack_plan(lengths, edges, table, key, shuffle, w, max_tokens, max_size, ca, 
                     if capped and room >= 0:
                         within = _longest_within(ca, cb, max_cost - cost[bin_], room)
                         room = within if within < room else room
-                    # Mean tracking: a bin whose samples so far are longer on average than the samples left
-                    # (tokens / count above left_tokens / remaining) takes the longest sample of at most its
-                    # room per target slot (shorter than best fit's), the target being the samples a bin of
-                    # the mean length left holds (its budget / that mean, at most the size cap), while it has
-                    # more than one such slot. Best fit alone would leave the short samples to the last bins,
-                    # which fill their slots long before their tokens where the size cap binds; so every bin
-                    # holds its share of shorter samples, ending with its tokens near the budget and its
-                    # count near the target. (Products, not quotients: no division on the common path.)
+                    # Sharing out the short samples (``spread``). Best fit alone would leave them to the last
+                    # bins, which fill their slots long before their tokens where the size cap binds.
+                    # - Count-bound (the mean length left at most budget / size cap: every bin should fill
+                    #   its slots): a bin keeps room for its other free slots at the shortest length left,
+                    #   taking the longest sample that leaves it.
+                    # - Otherwise, mean tracking: a bin whose samples so far are longer on average than those
+                    #   left takes the longest sample of at most its room per target slot, the target being
+                    #   the samples a bin of the mean length left holds (budget / that mean, at most the
+                    #   cap), while it has more than one such slot: every bin holds its share of shorter
+                    #   samples, ending with its tokens near the budget and its count near the target.
+                    # (Products, not quotients, in the tests: no division on the common path.)
                     c = cnt[bin_]
                     rem = float(remaining)
                     lt = float(left_tokens)
-                    if (spread and room >= 0 and float(room) * rem < float(max_size - c) * lt
-                            and tok[bin_] * rem > c * lt and float(max_tokens) * rem > (c + 1) * lt
-                            and max_size - c > 1):
-                        slots = min(float(max_size - c), max_tokens * rem / lt - c)
-                        bk = _fitting(np.int64(room / slots), link, high, nxt, start, size, slen, order, edges, table)
+                    if spread and room >= 0 and max_size - c > 1:
+                        if float(max_tokens) * rem >= float(max_size) * lt:
+                            keep = room - (max_size - c - 1) * np.int64(slen[nxt[low]])
+                            if keep >= 0:
+                                bk = _fitting(keep, link, high, nxt, start, size, slen, order, edges, table)
+                        elif (float(room) * rem < float(max_size - c) * lt and tok[bin_] * rem > c * lt
+                              and float(max_tokens) * rem > (c + 1) * lt):
+                            slots = min(float(max_size - c), max_tokens * rem / lt - c)
+                            bk = _fitting(np.int64(room / slots), link, high, nxt, start, size, slen, order, edges,
+                                          table)
                     if bk < 0 and room >= 0:
                         bk = _fitting(room, link, high, nxt, start, size, slen, order, edges, table)
                 if bk < 0:  # nothing fits: the bin is closed

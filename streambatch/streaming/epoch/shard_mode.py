@@ -135,8 +135,21 @@ def plan_affine(next_input: Callable[[int], WindowInput | None], config: WindowC
         if new is None:
             break
         j, last = new.index, new.last
-        win, lengths, held = _affine_window(new, config, world(), epoch, step,
-                                            (carry_ids, carry_local, carry_len, carry_holder), source_of, budget)
+        win, lengths, held, cap = _affine_window(new, config, world(), epoch, step,
+                                                 (carry_ids, carry_local, carry_len, carry_holder), source_of, budget)
+        if cap is not None and win.num_steps > cap:
+            # Over what the epoch's limit leaves even with full batches (each rank's own samples, cut into
+            # batches, lose up to a batch each: many steps' worth where windows hold few steps): planned
+            # across ranks instead, as sample mode plans, every sample a rank trains fetched by a ranged
+            # read; what it carries on is unheld (see the module docstring).
+            drop = config.drop_last if last else True
+            cfg = replace(config, drop_last=drop, seed=piece_seed(config.seed, epoch, j, 0), planner="bucketed",
+                          read_mode="sample", planner_options=tuple(sorted(budget.options(config, cap).items())))
+            plan = plan_epoch(lengths, cfg, 0)
+            win = Window(j, step, plan, win.shard_ids, win.local, last,
+                         reads=_fetch_rows(plan, win.shard_ids, win.local), n_carried=win.n_carried,
+                         too_long=win.too_long, lengths=lengths)
+            held = np.full(lengths.shape[0], UNHELD, dtype=np.int64)
         win = replace(win, plan=mixed(win.plan, win.shard_ids))
         if seg_end is not None and step + win.num_steps > seg_end:
             # the segment ends inside this window: its first steps were trained, the rest is finished in sample mode
@@ -187,12 +200,13 @@ def plan_affine(next_input: Callable[[int], WindowInput | None], config: WindowC
 
 def _affine_window(new: WindowInput, config: WindowConfig, w: int, epoch: int, step: int,
                    carry: tuple[np.ndarray, ...], source_of: Callable[[np.ndarray], np.ndarray] | None = None,
-                   budget: StepBudget | None = None) -> tuple[Window, np.ndarray, np.ndarray]:
+                   budget: StepBudget | None = None) -> tuple[Window, np.ndarray, np.ndarray, int | None]:
     """Window ``new`` planned shard-affine at world ``w``, its samples' (n,)
-    int64 lengths and (n,) int64 holders (UNHELD for carried samples no rank
-    holds). carry: (ids, local, lengths, holder) (c,) int64 each, holder
-    UNHELD for samples no rank holds (dealt round-robin for planning,
-    fetched by whoever trains them; carried on unheld when not trained).
+    int64 lengths, (n,) int64 holders (UNHELD for carried samples no rank
+    holds) and its cap (``budget``'s; None without). carry: (ids, local,
+    lengths, holder) (c,) int64 each, holder UNHELD for samples no rank
+    holds (dealt round-robin for planning, fetched by whoever trains them;
+    carried on unheld when not trained).
     source_of: a mix's shard ids -> source; each source's samples (contiguous
     in ``new``) are then cut into W pieces on their own."""
     carry_ids, carry_local, carry_len, carry_holder = carry
@@ -237,7 +251,7 @@ def _affine_window(new: WindowInput, config: WindowConfig, w: int, epoch: int, s
         reads = reads[np.argsort(reads[:, 0], kind="stable")]
     lengths = np.concatenate([carry_len, new_len[kept]])
     win = Window(new.index, step, aw.plan, ids, local, new.last, aw.holder, reads, c, over, lengths)
-    return win, lengths, held
+    return win, lengths, held, cap
 
 
 def _fetch_rows(plan: Plan, ids: np.ndarray, local: np.ndarray) -> np.ndarray:
