@@ -63,15 +63,14 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from affinity import shard_counts  # noqa: E402
 from model import make_step  # noqa: E402
-from quality import lhotse_planner, steps_from_stream, steps_of  # noqa: E402
 
 from streambatch.cli.metrics import Batches, time_report  # noqa: E402
 from streambatch.core.cost import CostModel  # noqa: E402
 from streambatch.planners import make_plan  # noqa: E402
-from streambatch.streaming.epoch.modes import READ_MODES, iter_windows  # noqa: E402
-from streambatch.streaming.epoch.windows import WindowConfig  # noqa: E402
+
+# The streaming, webdataset and lhotse imports of the planners compared by main() are made there: --cells
+# --shapes runs with numpy, numba and torch alone (a GPU machine's image).
 
 FPS = 50
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -96,6 +95,8 @@ def corpus(name: str) -> np.ndarray:
 
 def lhotse_steps(lengths: np.ndarray, w: int, budget: int, cap: int, seed: int):
     """lhotse's epoch 0 as [step][rank] sample arrays (``quality.lhotse_planner``), or None without lhotse."""
+    from quality import lhotse_planner
+
     plan = lhotse_planner(lengths, w, budget, cap, seed)
     return None if plan is None else plan(0)
 
@@ -112,6 +113,8 @@ def fixed_steps(lengths: np.ndarray, w: int, budget: int, cap: int, seed: int):
         cur.append(i)
         longest = m
     batches.append(np.array(cur))
+    from quality import steps_from_stream
+
     return steps_from_stream(batches, w)
 
 
@@ -119,6 +122,12 @@ def shard_steps(lengths: np.ndarray, w: int, budget: int, cap: int, cost: CostMo
     """``StreamingBatches(read_mode="shard")``'s epoch 0 over ``lengths`` in shards of 500-2,000 samples
     (``bench/affinity.py``'s layout), planned window by window from the lengths as every rank does, as
     [step][rank] sample arrays."""
+    from affinity import shard_counts
+    from quality import steps_of
+
+    from streambatch.streaming.epoch.modes import READ_MODES, iter_windows
+    from streambatch.streaming.epoch.windows import WindowConfig
+
     counts = shard_counts(lengths.size)
     edges = np.concatenate([[0], np.cumsum(counts)])
     config = WindowConfig.build(budget, cap, w, True, False, seed, "bucketed", {"cost": cost},
@@ -183,6 +192,7 @@ def run_cells(args: argparse.Namespace) -> None:
             key, w, factor = spec.split(":")
             lengths = corpus(key)
             budget = int(round(float(factor) * int(lengths.max())))
+            shapes_out[f"{spec}/meta"] = np.array([lengths.size, budget], dtype=np.int64)  # samples, budget
             for label, tree in (("before", args.baseline), ("after", ROOT)):
                 sizes, longest = cell_shapes(tree, lengths, int(w), budget, args.cap)
                 shapes_out[f"{spec}/{label}/sizes"], shapes_out[f"{spec}/{label}/longest"] = sizes, longest
@@ -208,8 +218,11 @@ def run_cells(args: argparse.Namespace) -> None:
     for spec in args.cells:
         key, w, factor = spec.split(":")
         w = int(w)
-        lengths = corpus(key)
-        budget = int(round(float(factor) * int(lengths.max())))
+        if saved is not None:  # the lengths stay behind: only their count and the budget travel
+            n, budget = (int(x) for x in saved[f"{spec}/meta"])
+        else:
+            lengths = corpus(key)
+            n, budget = lengths.size, int(round(float(factor) * int(lengths.max())))
         info = {}
         for label, tree in (("before", args.baseline), ("after", ROOT)):
             if saved is not None:  # planned earlier (--save-shapes), e.g. on a machine with the baseline tree
@@ -242,7 +255,7 @@ def run_cells(args: argparse.Namespace) -> None:
         for label, d in info.items():
             ratio = f"{est['after'] / est['before']:.2f}x" if label == "after" else ""
             print(f"| {key} | {w} | {budget:,} ({factor}x) | {label} | {d['sizes'].shape[0]:,} | {est[label]:.1f} s | "
-                  f"{lengths.size / est[label]:,.0f} | {ratio} |")
+                  f"{n / est[label]:,.0f} | {ratio} |")
         sys.stdout.flush()
 
 
@@ -274,6 +287,8 @@ def main() -> None:
     if args.cells:
         run_cells(args)
         return
+    from quality import steps_of
+
     step = make_step(seed=args.seed)
     t0 = time.perf_counter()
     # CPU seconds of the one torch thread (time.process_time): on a shared machine wall time follows the load

@@ -137,19 +137,6 @@ def plan_affine(next_input: Callable[[int], WindowInput | None], config: WindowC
         j, last = new.index, new.last
         win, lengths, held, cap = _affine_window(new, config, world(), epoch, step,
                                                  (carry_ids, carry_local, carry_len, carry_holder), source_of, budget)
-        if cap is not None and win.num_steps > cap:
-            # Over what the epoch's limit leaves even with full batches (each rank's own samples, cut into
-            # batches, lose up to a batch each: many steps' worth where windows hold few steps): planned
-            # across ranks instead, as sample mode plans, every sample a rank trains fetched by a ranged
-            # read; what it carries on is unheld (see the module docstring).
-            drop = config.drop_last if last else True
-            cfg = replace(config, drop_last=drop, seed=piece_seed(config.seed, epoch, j, 0), planner="bucketed",
-                          read_mode="sample", planner_options=tuple(sorted(budget.options(config, cap).items())))
-            plan = plan_epoch(lengths, cfg, 0)
-            win = Window(j, step, plan, win.shard_ids, win.local, last,
-                         reads=_fetch_rows(plan, win.shard_ids, win.local), n_carried=win.n_carried,
-                         too_long=win.too_long, lengths=lengths)
-            held = np.full(lengths.shape[0], UNHELD, dtype=np.int64)
         win = replace(win, plan=mixed(win.plan, win.shard_ids))
         if seg_end is not None and step + win.num_steps > seg_end:
             # the segment ends inside this window: its first steps were trained, the rest is finished in sample mode
@@ -228,6 +215,16 @@ def _affine_window(new: WindowInput, config: WindowConfig, w: int, epoch: int, s
     aw = plan_affine_window(carry_len, holder_in, new_len[kept], config.max_batch_tokens, config.max_batch_size,
                             w, config.shuffle, new.last, config.drop_last, window_seed(config.seed, epoch, new.index),
                             dict(config.planner_options), groups, cap)
+    if cap is not None and aw.plan.num_steps > cap:
+        # Over what the epoch's limit leaves even with full batches (each rank's own samples, cut into
+        # batches, lose up to a batch each: many steps' worth where windows hold few steps): the same cut,
+        # but the window planned across ranks, as sample mode plans; a sample trained by a rank that did not
+        # stream it costs that rank a ranged read (below), as the pooled outliers do.
+        cfg = replace(config, world_size=w, drop_last=config.drop_last if new.last else True,
+                      seed=piece_seed(config.seed, epoch, new.index, 0), planner="bucketed", read_mode="sample",
+                      planner_options=tuple(sorted(budget.options(config, cap).items())))
+        plan = plan_epoch(np.concatenate([carry_len, new_len[kept]]), cfg, 0)
+        aw = replace(aw, plan=plan, leftover=plan.leftover)
     c = carry_ids.shape[0]
     ids = np.concatenate([carry_ids, new.ids[kept]])
     local = np.concatenate([carry_local, new.local[kept]])

@@ -26,7 +26,7 @@ def _fits(count, longest, max_tokens, max_size, max_cost, code, q):
 
 
 @njit(cache=True)
-def affine_steps(slen, starts, max_tokens, max_size, code, q, max_cost, full_only):
+def affine_steps(slen, starts, max_tokens, max_size, code, q, max_cost, target_rank):
     """Cut every rank's own samples into the same number of global steps.
 
     slen: (n,) int64 lengths, ascending within each rank's segment
@@ -46,9 +46,12 @@ def affine_steps(slen, starts, max_tokens, max_size, code, q, max_cost, full_onl
     The walk stops when any rank has no sample left (what the others hold
     then is the caller's to carry or finish).
 
-    full_only (0 or 1): every rank takes its full batch every step (no
-    target): the fewest steps the ranks' own samples allow, for a window the
-    balanced walk would give more steps than its cap.
+    target_rank (0 to W - 1): the target is the target_rank-th cheapest of
+    the ranks' full batches instead of the cheapest (0): the ranks whose full
+    batch costs no more take it, the others the prefix nearest it. W - 1:
+    every rank takes its full batch, the fewest steps the ranks' own samples
+    allow; between, fewer steps than the balanced walk at some balance, for
+    a window that walk would give more steps than its cap.
 
     Returns (counts (k, W) int64, k, pos (W,) int64): pos[r] is where rank r
     stopped in its segment.
@@ -60,6 +63,7 @@ def affine_steps(slen, starts, max_tokens, max_size, code, q, max_cost, full_onl
     counts = np.zeros((shortest, w), dtype=np.int64)
     pos = starts[:w].copy()
     full = np.empty(w, dtype=np.int64)
+    fc = np.empty(w, dtype=np.int64)  # each rank's full batch's cost
     k = 0
     while True:
         done = False
@@ -75,9 +79,10 @@ def affine_steps(slen, starts, max_tokens, max_size, code, q, max_cost, full_onl
             while e < starts[r + 1] and _fits(e + 1 - p, slen[e], max_tokens, max_size, max_cost, code, q):
                 e += 1
             full[r] = e
-            target = min(target, _cost(e - p, slen[e - 1], code, q))
-        if full_only:
-            target = np.iinfo(np.int64).max
+            fc[r] = _cost(e - p, slen[e - 1], code, q)
+            target = min(target, fc[r])
+        if target_rank > 0:
+            target = np.sort(fc)[min(target_rank, w - 1)]
         for r in range(w):
             p = pos[r]
             aim = target
@@ -104,7 +109,7 @@ def affine_steps(slen, starts, max_tokens, max_size, code, q, max_cost, full_onl
 
 
 @njit(cache=True)
-def packed_affine_steps(slen, starts, max_tokens, max_size, code, q, max_cost, full_only):
+def packed_affine_steps(slen, starts, max_tokens, max_size, code, q, max_cost, target_rank):
     """``affine_steps`` for packed batches: a batch's tokens are the sum of
     its lengths (no padding) and its cost the sum of its samples' costs.
 
@@ -121,7 +126,7 @@ def packed_affine_steps(slen, starts, max_tokens, max_size, code, q, max_cost, f
     16,000, W = 8) but left the middle lengths, about a batch per rank, to
     carry or to plan across ranks in the final window (1,715 samples vs 9;
     342 ranged reads vs 7), where prefixes leave the few longest. The walk
-    stops when any rank has no sample left. full_only: as ``affine_steps``.
+    stops when any rank has no sample left. target_rank: as ``affine_steps``.
 
     Returns (counts (k, W) int64, k, pos (W,) int64) as ``affine_steps``.
     """
@@ -138,6 +143,7 @@ def packed_affine_steps(slen, starts, max_tokens, max_size, code, q, max_cost, f
     counts = np.zeros((shortest, w), dtype=np.int64)
     pos = starts[:w].copy()
     full = np.empty(w, dtype=np.int64)
+    fc = np.empty(w, dtype=np.int64)  # each rank's full batch's cost
     k = 0
     while True:
         done = False
@@ -159,9 +165,10 @@ def packed_affine_steps(slen, starts, max_tokens, max_size, code, q, max_cost, f
                 else:
                     hi = mid - 1
             full[r] = lo
-            target = min(target, cst[lo] - cst[p])
-        if full_only:
-            target = np.iinfo(np.int64).max
+            fc[r] = cst[lo] - cst[p]
+            target = min(target, fc[r])
+        if target_rank > 0:
+            target = np.sort(fc)[min(target_rank, w - 1)]
         for r in range(w):
             p = pos[r]
             # largest e in [p + 1, full[r]] costing <= target, or the next one if nearer

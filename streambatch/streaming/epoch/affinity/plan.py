@@ -73,6 +73,7 @@ from ....core.bounds import fewest_batches, fewest_steps
 from ....core.plan import Plan, assemble
 from ....planners import make_plan
 from ....planners.bucketed.plan import PLANNER, check_options
+from ....planners.bucketed.step_limit import default_step_cost, epoch_time
 from .holders import relax_to_holders, swap_to_holders, to_holders
 
 _U64 = 1 << 64
@@ -188,9 +189,12 @@ def plan_affine_window(carry_len: np.ndarray, carry_holder: np.ndarray, new_len:
     follow the window's mix of lengths (one source per rank would leave the
     ranks' walks far apart: measured, 1.6x the steps). None: one group.
     max_steps: the window's cap (``step_budget.py``); when the balanced walk
-    and its pooled plan take more steps, the window is planned again with
-    every rank taking its full batch each step (``affine_steps``'
-    ``full_only``): the fewest steps the ranks' own samples allow.
+    and its pooled plan take more steps, the window is walked again with the
+    step's target raised to a quarter, half, three quarters and all of the
+    ranks' full batches (``affine_steps``' ``target_rank``; all: every rank
+    takes its full batch, the fewest steps its own samples allow), and of
+    those within the cap the one planning the shortest epoch under the cost
+    plus the bucketed planner's default per-step term is kept.
     """
     _, cost, max_step_cost = check_options(options)
     packed = PLANNER.packs(PLANNER.resolve(options))
@@ -209,22 +213,35 @@ def plan_affine_window(carry_len: np.ndarray, carry_holder: np.ndarray, new_len:
     np.add.at(carry_w, carry_holder, weights[:c])
     new_w = weights[c:]
     shares = water_levels(carry_w, int(new_w.sum()))
-    first = None
-    for full_only in (False, True):
+    tried = []
+    for rank in sorted({0, w // 4, w // 2, (3 * w) // 4, w - 1}):
         aw = _plan_window(lengths, weights, pooled, carry_holder, c, new_w, shares, w, tokens, cap, cost, max_cost,
                           packed, shuffle, final, drop_last, seed, max_batch_tokens, max_batch_size, options, groups,
-                          full_only, max_steps)
-        if max_steps is None or aw.plan.num_steps <= max_steps:
-            return aw
-        first = first or aw
-    return aw if aw.plan.num_steps < first.plan.num_steps else first
+                          rank, max_steps)
+        if max_steps is None or (rank == 0 and aw.plan.num_steps <= max_steps):
+            return aw  # the balanced walk, when it is within the cap
+        tried.append(aw)
+    within = [a for a in tried if a.plan.num_steps <= max_steps]
+    if not within:
+        return min(tried, key=lambda a: a.plan.num_steps)
+    # of the walks within the cap, the shortest planned epoch under the cost plus the default per-step term
+    c0 = default_step_cost(lengths, tokens, cap, cost)
+    return min(within, key=lambda a: _epoch(a.plan, lengths, cost, c0, packed))
+
+
+def _epoch(plan: Plan, lengths: np.ndarray, cost: Any, c0: float, packed: bool) -> float:
+    """The planned epoch: sum over steps of c0 + the costliest batch (packed: its samples' costs summed)."""
+    if not packed:
+        return epoch_time(plan, lengths, cost, c0)
+    per = cost.packed_cost(lengths[plan.samples], plan.offsets).reshape(-1, plan.world_size)
+    return float(per.max(axis=1).sum() + c0 * plan.num_steps) if plan.num_steps else 0.0
 
 
 def _plan_window(lengths: np.ndarray, weights: np.ndarray, pooled: np.ndarray, carry_holder: np.ndarray, c: int,
                  new_w: np.ndarray, shares: np.ndarray, w: int, tokens: int, cap: int, cost: Any, max_cost: int,
                  packed: bool, shuffle: bool, final: bool, drop_last: bool, seed: int, max_batch_tokens: int,
                  max_batch_size: int, options: dict[str, Any], groups: np.ndarray | None,
-                 full_only: bool, max_steps: int | None) -> AffineWindow:
+                 target_rank: int, max_steps: int | None) -> AffineWindow:
     """Steps 1-6 of the module docstring for one window (``plan_affine_window``'s checked values)."""
     n = lengths.shape[0]
     rng = np.random.Generator(np.random.PCG64(np.random.SeedSequence([seed % _U64, 0xAFF])))
@@ -240,7 +257,7 @@ def _plan_window(lengths: np.ndarray, weights: np.ndarray, pooled: np.ndarray, c
         walker = np.where(pooled, w, holder)  # pooled samples sort after every rank's segment
         order = np.lexsort((tags, lengths, walker)).astype(np.int64)
         starts = np.searchsorted(walker[order], np.arange(w + 1)).astype(np.int64)
-        samples, counts, rest = _walk(lengths, order, starts, tokens, cap, cost, max_cost, packed, full_only)
+        samples, counts, rest = _walk(lengths, order, starts, tokens, cap, cost, max_cost, packed, target_rank)
         if best is None or rest.size < best[-1].size:
             best = (cuts, holder, order, starts, samples, counts, rest)
         if rest.size == 0:
@@ -282,7 +299,7 @@ def _plan_window(lengths: np.ndarray, weights: np.ndarray, pooled: np.ndarray, c
 
 
 def _walk(lengths: np.ndarray, order: np.ndarray, starts: np.ndarray, tokens: int, cap: int, cost: Any,
-          max_cost: int, packed: bool, full_only: bool = False) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+          max_cost: int, packed: bool, target_rank: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Step 3, the walk of every rank's own samples at one pace.
 
     order: (n,) int64 window indices, each rank's segment
@@ -294,7 +311,7 @@ def _walk(lengths: np.ndarray, order: np.ndarray, starts: np.ndarray, tokens: in
     w = starts.shape[0] - 1
     slen = lengths[order]
     walk = packed_affine_steps if packed else affine_steps
-    counts, k, pos = walk(slen, starts, tokens, cap, cost.code, cost.kernel_q, max_cost, full_only)
+    counts, k, pos = walk(slen, starts, tokens, cap, cost.code, cost.kernel_q, max_cost, target_rank)
     counts = counts[:k]
     rest = order[np.concatenate([np.arange(pos[r], starts[r + 1]) for r in range(w)]).astype(np.int64)]
     # rank r's batches are consecutive slices of its segment of ``order``
