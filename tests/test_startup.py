@@ -92,6 +92,8 @@ def test_warmup_compiles_every_kernel(capsys):
                  "streambatch.core.hashing.hash_array", "streambatch.core.shuffle.feistel_range",
                  "streambatch.planners.interleave.deficit_order",
                  "streambatch.streaming.epoch.affinity.kernels.affine_steps",
-                 "streambatch.planners.packed.kernels.pack_steps",
+                 "streambatch.planners.packed.kernels.pack_plan", "streambatch.core.bounds_kernel.fill_count",
+                 "streambatch.planners.bucketed.kernels.fill_sizes",
+                 "streambatch.planners.bucketed.kernels.mix_batches",
                  "streambatch.streaming.epoch.affinity.kernels.packed_affine_steps"):
         assert sigs.get(name, 0) >= 1, name
