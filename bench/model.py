@@ -33,29 +33,33 @@ class Encoder(nn.Module):
         return self.out(self.enc(h, src_key_padding_mask=pad)).log_softmax(-1)
 
 
-def make_step(seed: int = 0, threads: int | None = 1, wrap=None):
+def make_step(seed: int = 0, threads: int | None = 1, wrap=None, device: str = "cpu"):
     """``step(batch_size, length)``: one forward + CTC backward + AdamW step on
     random features of that padded shape (``threads``: torch's intra-op
     threads, 1 by default so timings do not fight other processes; ``wrap``:
     applied to the model, e.g. ``DistributedDataParallel`` for a real
-    multi-process step with its gradient all-reduce)."""
+    multi-process step with its gradient all-reduce; ``device``: where the
+    model and its batches live, e.g. ``"cuda"``: the step returns after the
+    device has finished it)."""
     if threads is not None:
         torch.set_num_threads(threads)
-    g = torch.Generator().manual_seed(seed)
+    dev = torch.device(device)
+    g = torch.Generator(device=dev).manual_seed(seed)
     torch.manual_seed(seed)  # the same initial weights in every process
-    model = Encoder()
+    model = Encoder().to(dev)
     if wrap is not None:
         model = wrap(model)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
     ctc = nn.CTCLoss(zero_infinity=True)
 
     def step(batch_size: int, length: int) -> float:
-        x = torch.randn(batch_size, length, FEATURES, generator=g)
+        x = torch.randn(batch_size, length, FEATURES, generator=g, device=dev)
         logp = model(x)
         t = logp.shape[1]
         target_len = max(1, t // 4)
-        targets = torch.randint(1, VOCAB, (batch_size, target_len), generator=g)
-        loss = ctc(logp.transpose(0, 1), targets, torch.full((batch_size,), t), torch.full((batch_size,), target_len))
+        targets = torch.randint(1, VOCAB, (batch_size, target_len), generator=g, device=dev)
+        loss = ctc(logp.transpose(0, 1), targets, torch.full((batch_size,), t, device=dev),
+                   torch.full((batch_size,), target_len, device=dev))
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()

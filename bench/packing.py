@@ -62,7 +62,10 @@ from streambatch.planners import make_plan  # noqa: E402
 
 from distributions import DISTRIBUTIONS, FRAME_RATE, make_lengths  # noqa: E402
 
-REAL = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "shared", "data", "real-lengths")
+# beside the repository (``../shared``), or one level further up from a git worktree (``wt/NAME``)
+REAL = next((d for d in (os.path.join(os.path.dirname(os.path.abspath(__file__)), *up, "shared", "data", "real-lengths")
+                         for up in (("..", ".."), ("..", "..", ".."))) if os.path.isdir(d)),
+            os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "shared", "data", "real-lengths"))
 REAL_FILES = ("librispeech-train-clean-100", "commonvoice-id", "commonvoice-ps", "voicebank-demand")
 N, BUDGET, CAP, SEED, EPOCHS = 20_000, 16_000, 64, 0, 3
 

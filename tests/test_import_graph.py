@@ -1,8 +1,8 @@
 """The package's import graph (issues 18, 31): no upward import between layers
 (core <- planners <- epoch <- torch_glue / streaming <- integrations / cli), no
 planner importing a sibling (they share planners/toolkit.py), the plan layer and
-the streaming glue free of Numba, no cycle among module-level imports, and no
-cycle hidden by a function-level import."""
+the streaming glue free of Numba (core holds kernels only where named), no cycle
+among module-level imports, and no cycle hidden by a function-level import."""
 
 from __future__ import annotations
 
@@ -224,6 +224,37 @@ def test_the_plan_layer_and_the_glue_hold_no_kernels():
                     and id(node) not in docstrings and node.value in PLANNERS):
                 bad.append(f"{m}:{node.lineno}: names the planner {node.value!r}")
     assert not bad, "\n".join(bad)
+
+
+# The core modules that may hold kernels (import numba at module level): the hashes and shuffles every layer draws
+# from, and the fewest-steps count of core/bounds.py (issue 30). That count is part of the batch rule: the
+# constraint (core/constraint.py) answers "how few steps can these lengths take" for every planner, and the plan
+# layer's step budget (epoch/step_budget.py) asks it over a whole epoch, below any planner, so it cannot live in
+# planners/toolkit.py without an upward import. Anything else in core is numpy.
+CORE_KERNELS = {"streambatch.core.hashing", "streambatch.core.shuffle", "streambatch.core.bounds_kernel",
+                "streambatch.core.jit"}
+
+
+def imports_numba(path: str) -> list[int]:
+    """Lines of the module-level imports of numba in the file at ``path`` (a function-level one is lazy)."""
+    with open(path) as f:
+        tree = ast.parse(f.read())
+    lines = []
+    for node in tree.body:
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            names = [a.name for a in node.names] + [getattr(node, "module", None) or ""]
+            if any(n == "numba" or n.startswith("numba.") for n in names):
+                lines.append(node.lineno)
+    return lines
+
+
+def test_numba_in_core_only_where_named():
+    bad = [f"{m}:{line}: imports numba" for m, path in MODULES.items()
+           if m.startswith("streambatch.core.") and m not in CORE_KERNELS for line in imports_numba(path)]
+    assert not bad, "\n".join(bad)
+    # the check sees what it is about: the named kernel modules do import numba (or core/jit.py's njit, issue 32)
+    assert imports_numba(MODULES["streambatch.core.hashing"]) or "streambatch.core.jit" in MODULES
+    assert imports_numba(MODULES["streambatch.core.bounds_kernel"]) or "streambatch.core.jit" in MODULES
 
 
 def test_the_graph_sees_imports():

@@ -43,7 +43,7 @@ CASES = {
     "sample_mid_epoch": (lambda c: c["a"], {"read_mode": "sample", "window_samples": 50}, 1, [(2, 4)], 2),
     "shard_mid_epoch": (lambda c: c["a"], {"read_mode": "shard", "window_samples": 50}, 0, [(3, 3)], 3),
     "shard_elastic": (lambda c: c["a"], {"read_mode": "shard", "window_samples": 50, "drop_last": True}, 2,
-                      [(4, 3), (2, 2)], 2),
+                      [(4, 2), (2, 2)], 2),  # the first resize inside window 0 (3 steps at W = 4)
     "sample_elastic": (lambda c: c["a"], {"read_mode": "sample", "window_samples": 40, "max_length": 45}, 1,
                        [(3, 4), (1, 3)], 2),
     "mix_mid_epoch": (lambda c: [Source(c["a"], weight=0.6), Source(c["b"], weight=0.4)],

@@ -92,6 +92,8 @@ def test_warmup_compiles_every_kernel(capsys):
                  "streambatch.core.hashing.hash_array", "streambatch.core.shuffle.feistel_range",
                  "streambatch.planners.step_order.deficit_order",
                  "streambatch.planners.shard_affine.walk.affine_steps",
-                 "streambatch.planners.bucketed.packed_steps.pack_steps",
+                 "streambatch.planners.bucketed.packed_steps.pack_plan", "streambatch.core.bounds_kernel.fill_count",
+                 "streambatch.planners.bucketed.steps.fill_sizes",
+                 "streambatch.planners.bucketed.steps.mix_batches",
                  "streambatch.planners.shard_affine.walk.packed_affine_steps"):
         assert sigs.get(name, 0) >= 1, name

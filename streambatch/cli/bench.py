@@ -58,26 +58,31 @@ class SweepProgress:
             self.bar.close()
 
 
+PACKED = "bucketed, packed"  # the row label of ``--pack``: planner="bucketed", pack=True
+
+
 def sweep(sizes: Iterable[int], worlds: Iterable[int], planners: Iterable[str], repeats: int | None,
           progress: Callable[[str], None] = lambda s: None) -> list[dict]:
-    """Rows of {planner, n, world_size, seconds, samples_per_s, peak_bytes} for every cell."""
+    """Rows of {planner, n, world_size, seconds, samples_per_s, peak_bytes} for every cell; the planner
+    ``PACKED`` is the bucketed planner with ``pack=True``."""
     sizes, worlds, planners = sorted(set(sizes)), sorted(set(worlds)), list(planners)
     every = timing.audio_lengths(max(sizes))  # prefixes of one i.i.d. draw: every N sees the same distribution
     rows = []
-    for name in planners:
-        make_plan(every[:1000], timing.BUDGET, timing.CAP, 8, planner=name)  # compile / load from cache
+    for label in planners:
+        name, options = ("bucketed", {"pack": True}) if label == PACKED else (label, {})
+        make_plan(every[:1000], timing.BUDGET, timing.CAP, 8, planner=name, **options)  # compile / load from cache
         for n in sizes:
             lengths = every[:n]
             for w in worlds:
-                progress(f"{name} N={n:,} W={w}")
-                run = functools.partial(make_plan, lengths, timing.BUDGET, timing.CAP, w, planner=name)
+                progress(f"{label} N={n:,} W={w}")
+                run = functools.partial(make_plan, lengths, timing.BUDGET, timing.CAP, w, planner=name, **options)
                 reps = repeats or (3 if n < 10_000_000 else 1)
                 t = time.perf_counter()
                 peak = timing.peak_growth(run)  # also the first timed run: at 40M samples each run counts
                 seconds = time.perf_counter() - t
                 if reps > 1:
                     seconds = min(seconds, timing.best_time(run, reps - 1))
-                rows.append({"planner": name, "n": n, "world_size": w, "seconds": seconds,
+                rows.append({"planner": label, "n": n, "world_size": w, "seconds": seconds,
                              "samples_per_s": n / seconds, "peak_bytes": peak})
     return rows
 
@@ -91,14 +96,15 @@ def run_bench(args: argparse.Namespace) -> int:
     sizes, worlds = sorted(set(args.sizes)), sorted(set(args.worlds))
     planners = list(dict.fromkeys(args.planners))
     seed_runs = len(args.seed_worlds) * (1 + len(planners)) if args.seed_n else 0
-    print(f"## Planning speed: {', '.join(planners)} ({platform.processor() or platform.machine()}, "
+    timed = planners + ([PACKED] if args.pack else [])
+    print(f"## Planning speed: {', '.join(timed)} ({platform.processor() or platform.machine()}, "
           f"{os.cpu_count()} CPUs, numba {numba.__version__}, numpy {np.__version__})\n")
     print(f"Audio-like lengths (log-normal 0.5-30 s at 50 frames/s), budget {timing.BUDGET:,} frames, "
           f"at most {timing.CAP} per batch; warm, one thread, best of "
           f"{args.repeats or '3 (1 from N = 10M)'} runs.\n")
-    progress = SweepProgress(len(planners) * len(sizes) * len(worlds) + seed_runs)
+    progress = SweepProgress(len(timed) * len(sizes) * len(worlds) + seed_runs)
     try:
-        rows = sweep(sizes, worlds, planners, args.repeats, progress.step)
+        rows = sweep(sizes, worlds, timed, args.repeats, progress.step)
         seed_rows = timing.versus_seed(args.seed_n, args.seed_worlds, planners, progress.step) \
             if args.seed_n else []
     finally:
@@ -161,5 +167,7 @@ def add_parser(sub: Any, planners: list[str]) -> None:
                    help="world sizes for the seed comparison (its time grows as W^2: W=64 at 20,000 takes ~1 min)")
     b.add_argument("--compile-times", action="store_true",
                    help="also time Numba compilation in fresh processes (cold and warm cache; ~1 min)")
+    b.add_argument("--pack", action="store_true", help="also time packed planning (planner='bucketed', pack=True; "
+                   f"the rows '{PACKED}')")
     b.add_argument("--plot", metavar="FILE.png", help="also draw throughput against N and W (needs matplotlib)")
     b.set_defaults(run=("bench", "run_bench"))

@@ -136,7 +136,8 @@ def run_plan(args: argparse.Namespace) -> int:
     from ..core.config import PlanConfig
     from ..core.long_samples import check_max_length, too_long
     from ..epoch.in_memory import InMemory
-    from ..planners import make_plan
+    from ..planners import get_planner, make_plan
+    from ..planners.base import MAX_STEPS_OPTION
     from .figures import check_figure_path, plot_plan
     from .metrics import epoch_time_bound, format_time_report, mix_shares, plan_batches, quality, time_report
     from .outliers import find_outliers
@@ -191,6 +192,19 @@ def run_plan(args: argparse.Namespace) -> int:
     note = find_outliers(held, batches, epoch_time, fps) if held.size else None
     step_model = _step_model(options)
     timing = time_report(batches, held, step_model, args.max_batch_tokens) if step_model is not None else None
+    fewest = plan.fewest_steps
+    # the most steps the plan may take: max_steps, else the planner's bound (None: greedy, seed-exact, has none)
+    rule = config.limits
+    steps_limit = None if fewest is None else rule.max_steps if rule.max_steps is not None else rule.limit_of(fewest)
+    # A measured step model may keep steps above the limit when it predicts them faster: by how much.
+    above = None
+    if step_model is not None and mix is None and steps_limit is not None and plan.num_steps > steps_limit \
+            and MAX_STEPS_OPTION in get_planner(config.planner).option_names():
+        within = make_plan(held, config.replace(planner_options={**options, MAX_STEPS_OPTION: steps_limit}),
+                           epoch=args.epoch)
+        other = time_report(plan_batches(within, held, packed), held, step_model, args.max_batch_tokens)
+        above = {"steps_within_bound": within.num_steps, "epoch_seconds_within_bound": other["epoch_seconds"],
+                 "seconds_saved": other["epoch_seconds"] - timing["epoch_seconds"]}
     if args.json:
         out = {"samples": int(held.size), "source": source, "planner": args.planner,
                "max_batch_tokens": args.max_batch_tokens, "max_batch_size": args.max_batch_size,
@@ -198,7 +212,10 @@ def run_plan(args: argparse.Namespace) -> int:
                "num_padded": plan.num_padded, "num_dropped": plan.num_dropped, "plan_seconds": seconds,
                "max_length": limit, "num_too_long": int(over.size), **q.as_dict(), "epoch_time_bound": bound,
                "outliers": None if note is None else {**note.__dict__, "text": note.text()},
-               "time": timing, "cost": None if step_model is None else step_model.to_dict()}
+               "time": timing, "cost": None if step_model is None else step_model.to_dict(),
+               "fewest_steps": fewest, "fewest_exact": plan.fewest_exact,
+               "steps_ratio": plan.steps_ratio, "steps_limit": steps_limit,
+               "above_limit": above}
         if mix is not None:
             out["samples_per_epoch"] = mix.samples_per_epoch
             out["sources"] = [{"name": n, "samples": size, "quota": quota, "target_share": target,
@@ -227,6 +244,20 @@ def run_plan(args: argparse.Namespace) -> int:
                   f"cycle){extra}\n")
             print("\n".join(format_mix(names, mix, shares, args.epoch)) + "\n")
         print("\n".join(format_quality(q)))
+        if fewest is not None:
+            what = "no plan of these samples and settings has fewer" if plan.fewest_exact else \
+                "a lower bound (bin packing): no plan has fewer"
+            if steps_limit is None:
+                held_to = f"{args.planner} is seed-exact: no step limit"
+            elif rule.max_steps is not None:
+                held_to = f"the limit, max_steps: {steps_limit:,}"
+            else:
+                held_to = f"the limit, {1 + 1 / rule.step_slack:.2f} x fewest + 1: {steps_limit:,}"
+            print(f"  fewest steps         {fewest:,}   {what} (this one: {plan.steps_ratio:.3f}x; {held_to})")
+        if above is not None:
+            print(f"  above the limit      the fitted model predicts these {plan.num_steps:,} steps "
+                  f"{above['seconds_saved']:.4g} s faster than {above['steps_within_bound']:,} within it "
+                  f"({above['seconds_saved'] / above['epoch_seconds_within_bound']:.1%})")
         print(f"  epoch time bound     {bound:.4g}   max(sum L^2 / W, max L^2): no plan is faster "
               f"(this one: {q.epoch_time / bound if bound else 1:.2f}x)")
         if timing is not None:

@@ -2,19 +2,25 @@
 
 Two objects, one per moment a setting becomes known:
 
-- ``BatchLimits``: the rule as set — token budget, size cap, cost model, cost cap, packing and the
-  long-sample policy — checked once per configuration (``PlanConfig.limits``: the planner's options
-  resolved once). It knows nothing of lengths.
+- ``BatchLimits``: the rule as set — token budget, size cap, cost model, cost cap, packing, the
+  long-sample policy, and the plan's step limit (``max_steps``, or the planner's bound
+  ``step_slack``: at most ``fewest + fewest // step_slack + 1`` steps) with the default per-step
+  term (``step_share``) a planner weighs candidate plans by — checked once per configuration
+  (``PlanConfig.limits``: the planner's options resolved once). It knows nothing of lengths.
 - ``BatchConstraint``: the limits bound to one plan's lengths and world (``BatchLimits.bind``), built
   once per plan by the epoch layer and passed down to the planner, whose kernels take its numbers:
   ``max_tokens`` (the budget clamped to what a batch can hold and range-checked against int64),
-  ``max_size``, ``coefficients`` (the one kernel encoding of the cost formula) and ``max_cost``.
+  ``max_size``, ``coefficients`` (the one kernel encoding of the cost formula) and ``max_cost``;
+  its ``step_bound`` (the fewest steps these lengths can take, ``core/bounds.py``), ``step_limit``
+  (the most a plan may take; the epoch layer binds a streamed window with its share of the epoch's
+  limit, ``step_cap``) and ``default_step_cost``.
 
 So a walk of ``cost`` or ``max_batch_tokens`` reads: glue -> ``PlanConfig`` (options resolved once,
 ``limits``) -> the epoch layer (``bind``, once per plan) -> the planner -> its kernels.
 
-Where the rule grows: a per-step cost term (a cost every step pays, so that needless steps cost
-time) belongs beside ``cost`` in ``BatchLimits`` and in kernel units in ``BatchConstraint``; a
+Where the rule grows: the per-step term is here (``step_share``: a step is assumed to cost that share
+of a full batch of median-length samples on top of its costliest batch, the default objective's
+stand-in for a measured ``c0``; a fitted step model's own ``c0`` lives in its ``CostModel``); a
 per-length batch limit (a length -> largest batch curve, e.g. from a memory model) likewise: the curve
 in ``BatchLimits``, its lookup table up to ``max_len`` in ``BatchConstraint``, and ``fits`` asks it.
 """
@@ -25,7 +31,13 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from .bounds import STEP_SLACK_DIV, StepBound, fewest_batches, fewest_steps, step_bound, step_limit
 from .cost import INT64_MAX, CostModel, clamp_budget
+
+# The default per-step term: a step costs this share of a full batch's cost at the median length on top of its
+# costliest batch (optimizer, gradient all-reduce, launches); what candidate plans are weighed by when the cost
+# model has no measured per-step cost of its own.
+STEP_SHARE = 0.1
 
 
 @dataclass(frozen=True)
@@ -41,6 +53,14 @@ class BatchLimits:
     max_length: the long-sample policy: longer samples are left out of
         every plan and counted (None: no limit). A lone sample over the
         budget is never left out: it is a batch of its own.
+    max_steps: the most steps a plan may take (the ``max_steps`` option;
+        None: the planner's bound, ``step_slack``).
+    step_slack: the planner's bound: a plan takes at most ``fewest +
+        fewest // step_slack + 1`` steps (20: 1.05 x the fewest + 1; the
+        planner's ``Planner.step_slack``); None: no bound (the seed-exact
+        greedy planner).
+    step_share: the default per-step term (``STEP_SHARE``, see
+        ``default_step_cost``).
     max_cost: ``max_step_cost`` as the kernels' cap on scaled batch costs
         (``CostModel.cost_cap``; int64 max: none), computed once here.
     """
@@ -51,6 +71,9 @@ class BatchLimits:
     max_step_cost: float | None = None
     pack: bool = False
     max_length: int | None = None
+    max_steps: int | None = None
+    step_slack: int | None = STEP_SLACK_DIV
+    step_share: float = STEP_SHARE
     max_cost: int = field(init=False, default=INT64_MAX)
 
     def __post_init__(self) -> None:
@@ -63,16 +86,31 @@ class BatchLimits:
             return np.zeros(lengths.shape[0], dtype=bool)
         return lengths > self.max_length
 
-    def bind(self, lengths: np.ndarray, world_size: int) -> BatchConstraint:
+    def bind(self, lengths: np.ndarray, world_size: int, step_cap: int | None = None) -> BatchConstraint:
         """The constraint of one plan of ``lengths`` ((N,) int64 >= 0, checked)
         at ``world_size``: the budget clamped and range-checked once (a
-        ValueError when step costs could overflow int64)."""
+        ValueError when step costs could overflow int64). step_cap: this
+        plan's share of a larger plan's step limit (a streamed window's share
+        of its epoch's, ``epoch/step_budget.py``), in place of the limits'."""
         n = int(lengths.shape[0])
         max_len = int(lengths.max(initial=0))
         size = min(self.max_batch_size, max(n, 1))  # a cap above N never binds
         tokens = clamp_budget(self.max_batch_tokens, size, max_len)
         self.cost.check_range(max_len, tokens, size, world_size)
-        return BatchConstraint(self, world_size, max_len, tokens, size)
+        return BatchConstraint(self, world_size, max_len, tokens, size, step_cap)
+
+    def fewest_steps(self, lengths: np.ndarray, world_size: int, drop_last: bool) -> int:
+        """The fewest steps of ``lengths`` ((n,) int64 >= 0) under the rule as
+        set (the budget and cap unclamped: an epoch's accounting over windows,
+        ``epoch/step_budget.py``; the plan of one window asks its constraint's
+        ``step_bound``)."""
+        b = fewest_batches(lengths, self.max_batch_tokens, self.max_batch_size, self.pack, self.cost, self.max_cost)
+        return fewest_steps(b, world_size, drop_last)
+
+    def limit_of(self, fewest: int) -> int | None:
+        """The most steps a plan whose fewest possible is ``fewest`` may take
+        by the planner's bound (``step_limit``; None: unbounded)."""
+        return None if self.step_slack is None else step_limit(fewest, self.step_slack)
 
 
 @dataclass(frozen=True)
@@ -83,6 +121,8 @@ class BatchConstraint:
     max_tokens: the budget kernels work with: ``max_batch_tokens`` clamped to
         what a batch can hold (``clamp_budget``), range-checked.
     max_size: the size cap kernels work with, at most N (and >= 1).
+    step_cap: this plan's share of a larger plan's step limit (``bind``'s),
+        or None: the limits' own (``max_steps``, else the planner's bound).
     """
 
     limits: BatchLimits
@@ -90,6 +130,7 @@ class BatchConstraint:
     max_len: int
     max_tokens: int
     max_size: int
+    step_cap: int | None = None
 
     @property
     def cost(self) -> CostModel:
@@ -123,3 +164,40 @@ class BatchConstraint:
             return int(lengths.sum()) <= self.max_tokens and cost <= self.max_cost
         longest = int(lengths.max())
         return n * longest <= self.max_tokens and int(self.cost.scaled(n, longest)) <= self.max_cost
+
+    def step_bound(self, lengths: np.ndarray, drop_last: bool,
+                   histogram: tuple[np.ndarray, np.ndarray] | None = None) -> StepBound:
+        """The fewest steps a valid plan of these lengths ((N,) int64, the ones
+        bound) can take under this rule (``core/bounds.py``: exact for padded
+        batches, a lower bound for packed ones). histogram:
+        ``length_histogram(lengths)`` if the caller has it."""
+        return step_bound(lengths, self.max_tokens, self.max_size, self.world_size, drop_last, self.pack, self.cost,
+                          self.max_cost, histogram)
+
+    def step_limit(self, fewest: int) -> int | None:
+        """The most steps this plan may take when the fewest possible is
+        ``fewest``: the step cap it was bound with (raised to ``fewest`` if
+        below: the plan cannot do better, and the larger plan's limit rests on
+        the slack of its other parts), else ``max_steps`` when set (a
+        ValueError naming it when below ``fewest``), else the planner's bound
+        (None: unbounded)."""
+        if self.step_cap is not None:
+            return max(self.step_cap, fewest)
+        max_steps = self.limits.max_steps
+        if max_steps is None:
+            return self.limits.limit_of(fewest)
+        if max_steps < fewest:
+            what = "a lower bound of the steps these lengths can take packed" if self.pack else \
+                "the fewest steps these lengths can take"
+            slack = self.limits.step_slack
+            bound = "no limit" if slack is None else f"{1 + 1 / slack:.2f} x fewest + 1"
+            raise ValueError(f"max_steps={max_steps} is below {what} with this budget, size cap and world size "
+                             f"({fewest}); raise it, or leave it None (the planner's bound: {bound})")
+        return max_steps
+
+    def default_step_cost(self, lengths: np.ndarray) -> float:
+        """The default per-step term (cost units): ``step_share`` of the cost
+        of a full batch of median-length samples. lengths: (N,) int64, N >= 1."""
+        med = max(1, int(np.partition(lengths, lengths.shape[0] // 2)[lengths.shape[0] // 2]))
+        full = max(1, min(self.max_size, self.max_tokens // med))
+        return self.limits.step_share * float(self.cost.batch_cost(full, med))

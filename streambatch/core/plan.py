@@ -22,6 +22,10 @@ class Plan:
     num_dropped: samples left out (``drop_last=True``) in the final step.
     leftover: (num_dropped,) the dropped samples, for a streaming planner to
         carry into its next window.
+    fewest_steps: the fewest steps any valid plan of the same samples and
+        settings can have (``core/bounds.py``; None when not computed, e.g. a
+        truncated plan); exact for padded batches, a lower bound for packed
+        ones (``fewest_exact`` False).
     """
 
     samples: np.ndarray
@@ -31,10 +35,21 @@ class Plan:
     num_padded: int = 0
     num_dropped: int = 0
     leftover: np.ndarray | None = None
+    fewest_steps: int | None = None
+    fewest_exact: bool = True
 
     @property
     def num_steps(self) -> int:
         return int(self.step_order.shape[0])
+
+    @property
+    def steps_ratio(self) -> float | None:
+        """``num_steps / fewest_steps`` (1.0 when both are 0), or None when the fewest is not known."""
+        if self.fewest_steps is None:
+            return None
+        if self.fewest_steps == 0:
+            return 1.0 if self.num_steps == 0 else float("inf")
+        return self.num_steps / self.fewest_steps
 
     def batch(self, step: int, rank: int) -> np.ndarray:
         """Rank ``rank``'s batch of the ``step``-th step in training order."""
@@ -94,14 +109,15 @@ def index_dtype(n: int) -> type:
 
 
 def assemble(samples: np.ndarray, counts: np.ndarray, step_order: np.ndarray, world_size: int,
-             num_padded: int = 0, leftover: np.ndarray | None = None) -> Plan:
+             num_padded: int = 0, leftover: np.ndarray | None = None, fewest_steps: int | None = None,
+             fewest_exact: bool = True) -> Plan:
     """Build a Plan from samples grouped by (step, rank) and (n_steps, W) batch sizes."""
     offsets = np.zeros(counts.size + 1, dtype=np.int64)
     np.cumsum(counts.ravel(), out=offsets[1:])
     if leftover is None:
         leftover = samples[:0]
     return Plan(samples[: offsets[-1]], offsets, step_order.astype(np.int64, copy=False), world_size,
-                num_padded, int(leftover.shape[0]), leftover)
+                num_padded, int(leftover.shape[0]), leftover, fewest_steps, fewest_exact)
 
 
 def finish_last_step(samples: np.ndarray, counts: np.ndarray, n_used: int, drop_last: bool

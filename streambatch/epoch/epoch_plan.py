@@ -154,10 +154,12 @@ class EpochPlan:
 
     def summary(self, epoch: int, segments: Segments = ()) -> EpochSummary:
         """Steps, samples, padding and drops of an epoch after ``segments``,
+        and the fewest steps its samples can take (``EpochSummary.fewest_steps``),
         planned from lengths only. Cached per (epoch, segments)."""
         key = (epoch, segments)
         if key not in self._summaries:
-            summary = summarize_windows(self.windows(epoch, segments), self.samples_per_epoch, epoch)
+            summary = summarize_windows(self.windows(epoch, segments), self.samples_per_epoch, epoch, self.config,
+                                        sum(k for _, k in segments))
             if summary.too_long and not self._summaries:  # once per dataset, not per epoch
                 log.warning("StreamingBatches: %d of %d samples are longer than max_length=%d and are left out",
                             summary.too_long, self.catalog.num_samples, self.config.limits.max_length)

@@ -37,6 +37,9 @@ class ReadMode:
     planner: the registered planner whose plans the windows are (its options
         are the ones the configuration is checked against); None: the
         configured planner.
+    accepts: the ``planner=`` names this mode plans with ``planner`` (empty:
+        any; ``planner`` None plans with the one chosen). Any other is refused
+        with a ValueError naming these and the fix, never silently replaced.
     fingerprint_tag: added to a configuration's fingerprint key (none for
         ``"sample"``, so states saved before read modes existed still load).
     """
@@ -49,9 +52,18 @@ class ReadMode:
     rank_share: bool
     planner: str | None = None
     fingerprint_tag: tuple[str, ...] = ()
+    accepts: tuple[str, ...] = ()
 
     def planner_for(self, planner: str) -> str:
-        """The planner this mode plans with when the user chose ``planner``."""
+        """The planner this mode plans with when the user chose ``planner``
+        (a ValueError when the mode cannot plan with that choice)."""
+        if self.accepts and planner not in self.accepts:
+            names = " or ".join(repr(a) for a in self.accepts)
+            raise ValueError(
+                f"read_mode={self.name!r} plans every rank's own shards with the {self.planner!r} planner (its walk "
+                f"of each rank's own samples); planner={planner!r} cannot plan it: use planner={names} (the same "
+                f"walk; {self.accepts[0]!r} is the default) with read_mode={self.name!r}, or read_mode='sample' to "
+                f"plan with {planner!r}")
         return self.planner or planner
 
 

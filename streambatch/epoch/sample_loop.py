@@ -12,7 +12,9 @@ in, is planned again for ``W'`` (seed drawn from (seed, epoch, window,
 piece)), and the epoch continues window by window at ``W'``. So every sample
 of the epoch is trained once, except the final step's counted padding or
 drop; every rank of each world takes the same number of steps. Without
-segments this is the ordinary epoch.
+segments this is the ordinary epoch. Each window is planned within its
+share of the epoch's step limit (``step_budget.py``: the limit is on the
+epoch's steps, spent window by window).
 
 Stream: ``Window`` objects in epoch order, each planned across all ranks (replanned rests after a resize)."""
 
@@ -27,6 +29,7 @@ from ..core.validation import coerce_lengths
 from ..planners import plan_epoch
 from .elastic import Segments, remaining, truncate
 from .read_modes import ReadMode, register_read_mode
+from .step_budget import StepBudget
 from .windows import Window, WindowConfig, outlier_limit, shard_order, window_bounds, window_seed
 
 _U64 = 1 << 64
@@ -98,6 +101,7 @@ def plan_windows(inputs: Iterator[WindowInput], config: WindowConfig, epoch: int
     step = 0
     seg = 0
     seg_end = segments[0][1] if segments else None  # epoch step where the current segment ends
+    budget = StepBudget(config.limits)  # the epoch's step limit, spent window by window (step_budget.py)
 
     def world() -> int:
         return segments[seg][0] if seg < len(segments) else config.world_size
@@ -130,9 +134,12 @@ def plan_windows(inputs: Iterator[WindowInput], config: WindowConfig, epoch: int
             while seg_end is not None and step == seg_end:
                 seg += 1
                 seg_end = step + segments[seg][1] if seg < len(segments) else None
+                budget.reset()
             # Each window is planned as epoch 0 of its own seed, so windows differ within an epoch too.
-            plan = plan_epoch(lengths, config, 0, world_size=world(), drop_last=config.drop_last if last else True,
-                              seed=piece_seed(config.seed, epoch, win.index, piece))
+            drop = config.drop_last if last else True
+            plan = plan_epoch(lengths, config, 0, world_size=world(), drop_last=drop,
+                              seed=piece_seed(config.seed, epoch, win.index, piece),
+                              step_cap=budget.cap(lengths, world(), drop))
             if source_of is not None:
                 from .interleave import interleave_steps  # lazy for start-up: no numba before the first plan
 
@@ -142,16 +149,20 @@ def plan_windows(inputs: Iterator[WindowInput], config: WindowConfig, epoch: int
             # the segment ends inside this window: its first steps were trained, the rest is planned again
             cut = seg_end - step
             if cut > 0:
-                yield Window(win.index, step, truncate(plan, cut), ids, local, False, too_long=over)
+                yield Window(win.index, step, truncate(plan, cut), ids, local, False, too_long=over, lengths=lengths)
                 over = 0
             rest = remaining(np.arange(lengths.shape[0], dtype=np.int64), plan, cut)
+            budget.reset()  # the rest is planned at the next world size: its own accounting
             ids, local, lengths = ids[rest], local[rest], lengths[rest]
             step += cut
             piece += 1
         left = plan.leftover if plan.leftover is not None else none
+        trained = np.ones(lengths.shape[0], dtype=bool)
+        trained[left] = False
+        budget.spend(lengths[trained], plan.num_steps)
         if not last:
             carry_ids, carry_local, carry_len = ids[left], local[left], lengths[left]
-        yield Window(win.index, step, plan, ids, local, last, too_long=over)
+        yield Window(win.index, step, plan, ids, local, last, too_long=over, lengths=lengths)
         step += plan.num_steps
     if seg_end is not None and step < seg_end:
         raise ValueError(f"elastic segment {seg} ends at step {seg_end} but the epoch has only {step} steps; "

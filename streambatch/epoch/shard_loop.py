@@ -31,6 +31,13 @@ cut into windows for that world (``window_samples`` and min W shards for
 it); so every sample of the epoch is trained once, except the final step's
 padding or drop. Without segments the output is ``iter_windows``' as before.
 
+Steps: the epoch is held to the shard-affine planner's bound, 1.10 x the
+fewest + 1 (its ``Planner.step_slack``, with the reason), spent window by
+window (``step_budget.py``): each window, and a replanned rest, is planned
+within its share; a window whose walk cannot meet it is planned across
+ranks (``plan_affine_window``), each sample a rank trains without having
+streamed it a ranged read.
+
 Stream: ``Window`` objects in epoch order, each rank reading a contiguous piece of the window's shards."""
 
 from __future__ import annotations
@@ -42,10 +49,13 @@ import numpy as np
 
 from ..core.plan import Plan
 from ..core.registry import get_planner
+from ..planners import RECOMMENDED
 from ..planners.shard_affine.planner import CROSS_RANK_PLANNER, foreign_samples, plan_affine_window, warm_up
+from ..planners.shard_affine.planner import PLANNER as SHARD_AFFINE
 from .elastic import Segments, remaining, truncate
 from .read_modes import ReadMode, register_read_mode
 from .sample_loop import WindowInput, piece_seed
+from .step_budget import StepBudget
 from .windows import Window, WindowConfig, shard_order, window_bounds, window_seed
 
 UNHELD = -1  # holder of a carried sample whose bytes no rank of this world holds
@@ -112,6 +122,9 @@ def plan_affine(next_input: Callable[[int], WindowInput | None], config: WindowC
     step = 0
     seg = 0
     seg_end = segments[0][1] if segments else None  # epoch step where the current segment ends
+    # the epoch's step limit, spent window by window: the shard-affine planner's bound, 1.10 x fewest + 1
+    # (its Planner record says why: planners/shard_affine/planner.py STEP_SLACK)
+    budget = StepBudget(config.limits)
 
     def world() -> int:
         return segments[seg][0] if seg < len(segments) else config.world_size
@@ -126,18 +139,19 @@ def plan_affine(next_input: Callable[[int], WindowInput | None], config: WindowC
             seg += 1
             seg_end = step + segments[seg][1] if seg < len(segments) else None
             carry_holder = np.full(carry_holder.shape[0], UNHELD, dtype=np.int64)
+            budget.reset()
         new = next_input(world())
         if new is None:
             break
         j, last = new.index, new.last
         win, lengths, held = _affine_window(new, config, world(), epoch, step,
-                                            (carry_ids, carry_local, carry_len, carry_holder), source_of)
+                                            (carry_ids, carry_local, carry_len, carry_holder), source_of, budget)
         win = replace(win, plan=mixed(win.plan, win.shard_ids))
         if seg_end is not None and step + win.num_steps > seg_end:
             # the segment ends inside this window: its first steps were trained, the rest is finished in sample mode
             cut = seg_end - step
             if cut > 0:
-                yield replace(win, plan=truncate(win.plan, cut), last=False)
+                yield replace(win, plan=truncate(win.plan, cut), last=False, lengths=lengths)
             rest = remaining(np.arange(win.shard_ids.shape[0], dtype=np.int64), win.plan, cut)
             ids, local, lengths = win.shard_ids[rest], win.local[rest], lengths[rest]
             step += cut
@@ -145,25 +159,31 @@ def plan_affine(next_input: Callable[[int], WindowInput | None], config: WindowC
             while True:
                 seg += 1
                 seg_end = step + segments[seg][1] if seg < len(segments) else None
-                plan = mixed(_across_ranks(lengths, config, world(), config.drop_last if last else True,
-                                           piece_seed(config.seed, epoch, j, piece)), ids)
+                budget.reset()
+                drop = config.drop_last if last else True
+                plan = mixed(_across_ranks(lengths, config, world(), drop, piece_seed(config.seed, epoch, j, piece),
+                                           budget.cap(lengths, world(), drop)), ids)
                 if seg_end is None or step + plan.num_steps <= seg_end:
                     break
                 cut = seg_end - step  # another resize inside the replanned rest
                 if cut > 0:
-                    yield Window(j, step, truncate(plan, cut), ids, local, False, reads=_fetch_rows(plan, ids, local))
+                    yield Window(j, step, truncate(plan, cut), ids, local, False, reads=_fetch_rows(plan, ids, local),
+                                 lengths=lengths)
                 rest = remaining(np.arange(ids.shape[0], dtype=np.int64), plan, cut)
                 ids, local, lengths = ids[rest], local[rest], lengths[rest]
                 step += cut
                 piece += 1
-            win = Window(j, step, plan, ids, local, last, reads=_fetch_rows(plan, ids, local))
+            win = Window(j, step, plan, ids, local, last, reads=_fetch_rows(plan, ids, local), lengths=lengths)
             left = plan.leftover if plan.leftover is not None else none
+            budget.spend(np.delete(lengths, left), plan.num_steps)
             carry_ids, carry_local, carry_len = ids[left], local[left], lengths[left]
             carry_holder = np.full(left.shape[0], UNHELD, dtype=np.int64)
-        elif not last:
+        else:
             left = win.plan.leftover  # carried on by its holder; an unheld sample stays unheld
-            carry_ids, carry_local, carry_len, carry_holder = (x[left] for x in
-                                                               (win.shard_ids, win.local, lengths, held))
+            budget.spend(np.delete(lengths, left), win.num_steps)
+            if not last:
+                carry_ids, carry_local, carry_len, carry_holder = (x[left] for x in
+                                                                   (win.shard_ids, win.local, lengths, held))
         yield win
         step += win.num_steps
     if seg_end is not None and step < seg_end:
@@ -172,13 +192,15 @@ def plan_affine(next_input: Callable[[int], WindowInput | None], config: WindowC
 
 
 def _affine_window(new: WindowInput, config: WindowConfig, w: int, epoch: int, step: int,
-                   carry: tuple[np.ndarray, ...], source_of: Callable[[np.ndarray], np.ndarray] | None = None
-                   ) -> tuple[Window, np.ndarray, np.ndarray]:
-    """Window ``new`` planned shard-affine at world ``w``, its samples' (n,)
-    int64 lengths and (n,) int64 holders (UNHELD for carried samples no rank
-    holds). carry: (ids, local, lengths, holder) (c,) int64 each, holder
-    UNHELD for samples no rank holds (dealt round-robin for planning,
-    fetched by whoever trains them; carried on unheld when not trained).
+                   carry: tuple[np.ndarray, ...], source_of: Callable[[np.ndarray], np.ndarray] | None = None,
+                   budget: StepBudget | None = None) -> tuple[Window, np.ndarray, np.ndarray]:
+    """Window ``new`` planned shard-affine at world ``w`` within its share of
+    the epoch's step limit (``budget``'s cap; none without), its samples'
+    (n,) int64 lengths and (n,) int64 holders (UNHELD for carried samples no
+    rank holds). carry: (ids, local,
+    lengths, holder) (c,) int64 each, holder UNHELD for samples no rank
+    holds (dealt round-robin for planning, fetched by whoever trains them;
+    carried on unheld when not trained).
     source_of: a mix's shard ids -> source; each source's samples (contiguous
     in ``new``) are then cut into W pieces on their own."""
     carry_ids, carry_local, carry_len, carry_holder = carry
@@ -194,9 +216,12 @@ def _affine_window(new: WindowInput, config: WindowConfig, w: int, epoch: int, s
     if source_of is not None:
         src = source_of(new.ids[kept])
         groups = np.flatnonzero(np.diff(src, prepend=-1, append=-1)).astype(np.int64)
+    cap = None
+    if budget is not None:  # the window's share of the epoch's step limit (over it: see plan_affine_window)
+        cap = budget.cap(np.concatenate([carry_len, new_len[kept]]), w, config.drop_last if new.last else True)
     aw = plan_affine_window(carry_len, holder_in, new_len[kept], config.limits, w, config.shuffle, new.last,
                             config.drop_last, window_seed(config.seed, epoch, new.index),
-                            config.resolved_options["bucket_width"], groups)
+                            config.resolved_options["bucket_width"], groups, cap)
     c = carry_ids.shape[0]
     ids = np.concatenate([carry_ids, new.ids[kept]])
     local = np.concatenate([carry_local, new.local[kept]])
@@ -219,15 +244,17 @@ def _affine_window(new: WindowInput, config: WindowConfig, w: int, epoch: int, s
         reads = np.concatenate([reads, more])
         reads = reads[np.argsort(reads[:, 0], kind="stable")]
     lengths = np.concatenate([carry_len, new_len[kept]])
-    win = Window(new.index, step, aw.plan, ids, local, new.last, aw.holder, reads, c, over)
+    win = Window(new.index, step, aw.plan, ids, local, new.last, aw.holder, reads, c, over, lengths)
     return win, lengths, held
 
 
-def _across_ranks(lengths: np.ndarray, config: WindowConfig, w: int, drop_last: bool, seed: int) -> Plan:
+def _across_ranks(lengths: np.ndarray, config: WindowConfig, w: int, drop_last: bool, seed: int,
+                  step_cap: int | None) -> Plan:
     """The untrained rest of a window cut by a resize, planned across all ranks of the new world (as sample
-    mode plans a window) by ``CROSS_RANK_PLANNER``, under the configuration's batch rule and options."""
+    mode plans a window) by ``CROSS_RANK_PLANNER``, under the configuration's batch rule and options, within
+    ``step_cap`` (its share of the epoch's step limit at the new world)."""
     planner = get_planner(CROSS_RANK_PLANNER)
-    return planner.run(lengths, config.limits.bind(lengths, w), w, config.shuffle, drop_last, seed, 0,
+    return planner.run(lengths, config.limits.bind(lengths, w, step_cap), w, config.shuffle, drop_last, seed, 0,
                        config.resolved_options)
 
 
@@ -270,5 +297,8 @@ def _default_window(world_size: int) -> int:
     return max(20_000, 2_500 * world_size)
 
 
+# planner= in shard mode: the default (the recommended planner's name, as StreamingBatches' default) and the
+# shard-affine planner's own name plan with the walk; any other is refused (issue 30: never silently replaced).
 SHARD = register_read_mode(ReadMode("shard", affine_windows, _mixed, _default_window, _warm_up, rank_share=True,
-                                    planner="shard_affine", fingerprint_tag=("shard",)))
+                                    planner=SHARD_AFFINE.name, fingerprint_tag=("shard",),
+                                    accepts=(RECOMMENDED, SHARD_AFFINE.name)))

@@ -36,6 +36,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from ..core.bounds import LengthCounts
 from ..core.config import PlanConfig
 from ..core.long_samples import check_max_length
 from ..core.mix import Mix
@@ -43,6 +44,7 @@ from ..core.plan import Plan
 from ..core.validation import check_int
 from ..planners import RECOMMENDED
 from .read_modes import READ_MODES, check_read_mode, iter_windows
+from .step_budget import StepBudget
 
 _U64 = 1 << 64
 
@@ -124,6 +126,7 @@ class Window:
     local: (n,) int64 index of that sample within its shard's sidecar (None in memory).
     first_step: epoch step index of the window's first step.
     too_long: samples of the window's shards longer than ``max_length``, not planned.
+    lengths: (n,) int64 planning length of each sample (the epoch summary's fewest steps).
     holder: shard mode only: (n,) int64 rank that streams (or carried in)
         each sample; every rank's batches hold only its own samples, except
         a few (see ``reads``).
@@ -148,10 +151,22 @@ class Window:
     reads: np.ndarray | None = None
     n_carried: int = 0
     too_long: int = 0
+    lengths: np.ndarray | None = None
 
     @property
     def num_steps(self) -> int:
         return self.plan.num_steps
+
+    def planned_lengths(self) -> np.ndarray:
+        """(k,) int64 lengths of the samples this window settles: those its
+        steps train (padding repeats once), and in the epoch's last window
+        those it drops; not those it carries into the next window."""
+        assert self.lengths is not None, "windows of the epoch plan carry their lengths"
+        keep = np.zeros(self.lengths.shape[0], dtype=bool)
+        keep[self.plan.samples] = True
+        if self.last and self.plan.leftover is not None:
+            keep[self.plan.leftover] = True
+        return self.lengths[keep]
 
     def worker_steps(self, start: int, stride: int) -> range:
         """The window's epoch steps that the DataLoader worker starting at epoch
@@ -179,7 +194,10 @@ class EpochSummary:
     ``samples`` distinct samples trained on, ``padded`` repeats added to fill
     the final step, ``dropped`` samples left out (``drop_last=True``),
     ``window_steps`` steps per window, ``too_long`` samples longer than
-    ``max_length`` left out (not in ``samples``)."""
+    ``max_length`` left out (not in ``samples``), ``fewest_steps`` the fewest
+    steps any plan of the epoch's samples can take at this world size
+    (``core/bounds.py``; after an elastic resize, the steps trained before it
+    plus the fewest of the rest; packed: a lower bound)."""
 
     epoch: int
     steps: int
@@ -188,29 +206,52 @@ class EpochSummary:
     dropped: int
     window_steps: tuple[int, ...]
     too_long: int = 0
+    fewest_steps: int | None = None
+
+    @property
+    def steps_ratio(self) -> float | None:
+        """``steps / fewest_steps`` (1.0 when both are 0), or None when the fewest is not known."""
+        if self.fewest_steps is None:
+            return None
+        if self.fewest_steps == 0:
+            return 1.0 if self.steps == 0 else float("inf")
+        return self.steps / self.fewest_steps
 
 
-def summarize_windows(windows: Iterator[Window], samples: int, epoch: int) -> EpochSummary:
+def summarize_windows(windows: Iterator[Window], samples: int, epoch: int, config: WindowConfig | None = None,
+                      done: int = 0) -> EpochSummary:
     """An EpochSummary of planned windows; ``samples``: the epoch's samples
     (before drop and max_length). ``window_steps`` counts every planned piece;
     ``steps`` is where the last window ends (the steps of earlier elastic
-    segments included, also when, as in memory, only the current one is planned)."""
+    segments included, also when, as in memory, only the current one is planned).
+    With ``config`` the summary gives the fewest steps: the ``done`` steps
+    of finished elastic segments (windows starting before them count as
+    planned) plus the fewest of every sample planned after them, under the
+    batch rule as set (``epoch/step_budget.py``)."""
     steps = padded = dropped = over = 0
     per_window = []
+    rest = LengthCounts()
+    known = False  # the windows carry their lengths (the plan layer's over shards do; in memory, none)
     for w in windows:
         steps = w.first_step + w.num_steps
         over += w.too_long
         per_window.append(w.num_steps)
         if w.last:
             padded, dropped = w.plan.num_padded, w.plan.num_dropped
-    return EpochSummary(epoch, steps, samples - dropped - over, padded, dropped, tuple(per_window), over)
+        known = known or w.lengths is not None
+        if config is not None and w.first_step >= done and w.lengths is not None:
+            rest.add(w.planned_lengths())
+    fewest = None
+    if config is not None and known:
+        fewest = done + StepBudget(config.limits).fewest_of(rest, config.world_size, config.drop_last)
+    return EpochSummary(epoch, steps, samples - dropped - over, padded, dropped, tuple(per_window), over, fewest)
 
 
 def summarize(counts: np.ndarray, load_lengths: Callable[[int], np.ndarray], config: WindowConfig,
               epoch: int) -> EpochSummary:
     """Plan the whole epoch of one shard list (lengths only: ``read_modes.iter_windows``) and count what it
     trains on. counts: (S,) int64 samples per shard; load_lengths(shard) -> (n,) int64."""
-    return summarize_windows(iter_windows(counts, load_lengths, config, epoch), int(counts.sum()), epoch)
+    return summarize_windows(iter_windows(counts, load_lengths, config, epoch), int(counts.sum()), epoch, config)
 
 
 def worker_steps(lo: int, hi: int, start: int, stride: int) -> range:

@@ -12,8 +12,8 @@ Two forms of plan function: the plain ``PlanFunction`` (the budget and cap
 as numbers, every option as a keyword: what a planner of your own writes) and,
 with ``Planner(takes_constraint=True)`` (every built-in planner), the
 ``ConstrainedPlanFunction``, which takes the ``BatchConstraint`` in their place
-and its own options only: the constraint carries ``cost``, ``max_step_cost``
-and ``pack`` (``CONSTRAINT_OPTIONS``).
+and its own options only: the constraint carries ``cost``, ``max_step_cost``,
+``pack`` and ``max_steps`` (``CONSTRAINT_OPTIONS``).
 
 The plan function's promises (``tests/planners/test_planner_contract.py`` checks all of
 them for every registered planner):
@@ -30,24 +30,33 @@ them for every registered planner):
   ``pack`` option is True) counts real tokens instead (sum of lengths: the
   samples are concatenated, no padding);
 - the plan is a pure function of its arguments: same input, same plan; other
-  epochs (with shuffling) give other plans.
+  epochs (with shuffling) give other plans;
+- unless the planner says otherwise (``Planner.step_slack`` None: the
+  seed-exact greedy planner, which reproduces the seed sampler's batches),
+  at most ``step_limit(fewest, step_slack)`` steps: 1.05 x the fewest any
+  valid plan can have + 1 by default (``core/bounds.py``; packed: the fewest
+  is a lower bound; the shard-affine planner declares 1.10 x), or the
+  ``max_steps`` option where the planner declares it.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 import numpy as np
 
+from ..core.bounds import STEP_SLACK_DIV
 from ..core.constraint import BatchConstraint, BatchLimits
 from ..core.cost import ALL_KINDS, CostModel
 from ..core.plan import Plan
 
 PACK_OPTION = "pack"  # the option name that switches a planner to packed batches (``Planner.packs``)
+MAX_STEPS_OPTION = "max_steps"  # the option name of a plan's step cap (``BatchLimits.max_steps``)
 # The options that make up the batch rule (``BatchLimits``) rather than a planner's own settings.
-CONSTRAINT_OPTIONS = ("cost", "max_step_cost", PACK_OPTION)
+CONSTRAINT_OPTIONS = ("cost", "max_step_cost", PACK_OPTION, MAX_STEPS_OPTION)
 
 
 class PlanFunction(Protocol):
@@ -108,6 +117,11 @@ class Planner:
     ``PlanFunction``).
     kernels: the module holding the planner's cached Numba kernels, whose
     cache says whether a first plan compiles them (``compile_notice.py``).
+    step_slack: the planner's step bound: at most ``fewest + fewest //
+    step_slack + 1`` steps (``core/bounds.py``'s ``step_limit``; the default
+    20: 1.05 x the fewest + 1; the contract tests check it); None exempts
+    it (the seed-exact greedy planner: its batches are the seed's). It
+    enters the batch rule (``BatchLimits.step_slack``) with the options.
     """
 
     name: str
@@ -118,6 +132,12 @@ class Planner:
     summary: str = ""
     takes_constraint: bool = False
     kernels: str = ""
+    step_slack: int | None = STEP_SLACK_DIV
+
+    @property
+    def bounded(self) -> bool:
+        """Whether the planner promises a step bound (``step_slack``)."""
+        return self.step_slack is not None
 
     def __post_init__(self) -> None:
         bad = [c for c in self.costs if c not in ALL_KINDS]
@@ -137,15 +157,22 @@ class Planner:
     def run(self, lengths: np.ndarray, constraint: BatchConstraint, world_size: int, shuffle: bool,
             drop_last: bool, seed: int, epoch: int, resolved: Mapping[str, Any]) -> Plan:
         """Call the plan function in its form: the constraint, or (a plain
-        ``PlanFunction``) the budget and cap as set with every option.
+        ``PlanFunction``) the budget and cap as set with every option. The
+        plan reports the fewest steps (``Plan.fewest_steps``): the planner's
+        own, or else the constraint's ``step_bound``.
 
         resolved: this planner's options, checked, defaults filled in."""
         if self.takes_constraint:
             own = {k: v for k, v in resolved.items() if k not in CONSTRAINT_OPTIONS}
-            return self.plan(lengths, constraint, world_size, shuffle, drop_last, seed, epoch, **own)
-        limits = constraint.limits
-        return self.plan(lengths, limits.max_batch_tokens, limits.max_batch_size, world_size, shuffle, drop_last,
-                         seed, epoch, **resolved)
+            plan = self.plan(lengths, constraint, world_size, shuffle, drop_last, seed, epoch, **own)
+        else:
+            limits = constraint.limits
+            plan = self.plan(lengths, limits.max_batch_tokens, limits.max_batch_size, world_size, shuffle, drop_last,
+                             seed, epoch, **resolved)
+        if plan.fewest_steps is None:  # a planner that does not report it: the fewest its settings allow
+            bound = constraint.step_bound(lengths, drop_last)
+            plan = dataclasses.replace(plan, fewest_steps=bound.steps, fewest_exact=bound.exact)
+        return plan
 
     def option_names(self) -> list[str]:
         return [o.name for o in self.options or ()]
@@ -182,7 +209,10 @@ class Planner:
 
     def limits(self, max_batch_tokens: int, max_batch_size: int, resolved: Mapping[str, Any],
                max_length: int | None = None) -> BatchLimits:
-        """The batch rule of plans with these (resolved) options."""
-        step_cap = resolved.get("max_step_cost") if "max_step_cost" in self.option_names() else None
+        """The batch rule of plans with these (resolved) options (and the
+        planner's step bound, ``step_slack``)."""
+        names = self.option_names()
+        step_cap = resolved.get("max_step_cost") if "max_step_cost" in names else None
+        max_steps = resolved.get(MAX_STEPS_OPTION) if MAX_STEPS_OPTION in names else None
         return BatchLimits(max_batch_tokens, max_batch_size, self.cost_model(resolved), step_cap,
-                           self.packs(resolved), max_length)
+                           self.packs(resolved), max_length, max_steps=max_steps, step_slack=self.step_slack)

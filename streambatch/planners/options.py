@@ -1,8 +1,8 @@
 """The options more than one built-in planner declares, defined once.
 
-``cost``, ``max_step_cost`` and ``pack`` make up the batch rule
-(``planners.base.CONSTRAINT_OPTIONS``: ``Planner.limits`` turns them into a
-``BatchLimits``); ``bucket_width`` sets the bucketed planner's length buckets
+``cost``, ``max_step_cost``, ``pack`` and ``max_steps`` make up the batch
+rule (``planners.base.CONSTRAINT_OPTIONS``: ``Planner.limits`` turns them into
+a ``BatchLimits``); ``bucket_width`` sets the bucketed planner's length buckets
 (and, in the shard-affine planner, those of the outliers it pools). A planner
 declares them by listing these ``Option`` records.
 """
@@ -59,10 +59,21 @@ def check_pack(pack: Any) -> bool:
     return check_flag("pack", pack)
 
 
+def check_max_steps(max_steps: Any) -> int | None:
+    if max_steps is None:
+        return None
+    if isinstance(max_steps, bool) or not isinstance(max_steps, numbers.Integral) or max_steps < 0:
+        raise ValueError(f"max_steps must be an integer >= 0 or None (the default: the planner's bound, 1.05 x the "
+                         f"fewest steps + 1), got {max_steps!r}")
+    return int(max_steps)
+
+
 BUCKET_WIDTH = Option("bucket_width", DEFAULT_BUCKET_WIDTH, check_bucket_width,
                       "relative width of a length bucket, in [0.001, 1]: wider shuffles more and pads more")
 COST = Option("cost", CostModel.quadratic(), resolve_cost, "the CostModel ranks are balanced under")
 MAX_STEP_COST = Option("max_step_cost", None, check_max_step_cost, "cap on every batch's cost (cost units), or None")
 PACK = Option("pack", False, check_pack, "packed, padding-free batches: sum(L) <= max_batch_tokens, varlen cost")
+MAX_STEPS = Option("max_steps", None, check_max_steps,
+                   "the most steps a plan may take (None: the planner's bound, 1.05 x the fewest possible + 1)")
 # the cost kinds a planner with the ``cost`` option balances under
 COST_KINDS = ("quadratic", "linear", "quadratic_duration", "step")

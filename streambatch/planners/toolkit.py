@@ -48,7 +48,9 @@ Compile time (a cold first call compiles every kernel) shapes this code:
 - no Numba-level inlining (``inline="always"``) of kernel helpers, though
   it saves their separate compiles: into bucket_sort it halved planning
   speed (4M samples: 0.09 -> 0.19 s), into plan_steps its type inference
-  grew by more than the helpers' compiles saved.
+  grew by more than the helpers' compiles saved. ``_inline`` is for the
+  packed kernel's few-line helpers (bucket lookup, union-find, heap sift),
+  called once or twice each, where a call cost more than their compile.
 """
 
 from __future__ import annotations
@@ -63,6 +65,8 @@ _I64_MAX = np.int64(np.iinfo(np.int64).max)  # a typed global: np.iinfo compiles
 # compile for them, and no cache entry of their own (a cached kernel holds
 # its helpers' code, linked in; saving theirs cost ~0.15 s of a cold call).
 _helper = njit(no_cpython_wrapper=True, no_cfunc_wrapper=True, error_model="numpy")
+# Inlined into the caller's Numba IR (typed and compiled with it): see above.
+_inline = njit(inline="always", no_cpython_wrapper=True, no_cfunc_wrapper=True, error_model="numpy")
 
 
 @_helper

@@ -260,13 +260,18 @@ def step_table(plan, lengths):
 def test_a_per_step_cost_stops_steps_the_budget_did_not_need(world):
     """Under B*L^2 alone a step of one 30 s clip per rank costs what a full
     step of them costs per clip, so the bucketed planner laid long clips out one
-    per rank: several times the steps. With a per-step cost it does not."""
+    per rank: several times the steps. With a per-step cost it does not; nor,
+    by default, with B*L^2: the step limit (1.05 x fewest + 1) stops it."""
     lengths = heavy_tailed()
     step = CostModel.step(0.05, 2e-6, 1e-9)
     budget = 16000
     kw = dict(max_batch_size=64, world_size=world, seed=0, planner="bucketed")
     fitted = make_plan(lengths, budget, cost=step, **kw)
-    proxy = make_plan(lengths, budget, **kw)  # today's default cost, B*L^2
+    proxy = make_plan(lengths, budget, max_steps=10**9, **kw)  # B*L^2 without a step limit (the old default)
+    default = make_plan(lengths, budget, **kw)
+    d_sizes, d_longest = step_table(default, lengths)
+    assert default.num_steps <= 1.05 * default.fewest_steps + 1 < proxy.num_steps
+    assert int(((d_sizes == 1) & (d_longest < budget // 4)).sum()) <= max(8, d_sizes.size // 200)
     greedy = make_plan(lengths, budget, 64, world, seed=0)
     for p in (fitted, proxy):  # exactly once, within budget (a lone sample may exceed it)
         assert np.array_equal(np.sort(p.samples), np.arange(lengths.size))

@@ -62,7 +62,7 @@ def test_shard_segments_train_every_sample_once(counts, history, world, drop_las
     counts = np.array(counts, dtype=np.int64)
 
     def windows(w, segments):
-        cfg = WindowConfig(600, 12, w, 40, True, drop_last, seed, "greedy", (), "shard", max_length)
+        cfg = WindowConfig(600, 12, w, 40, True, drop_last, seed, "bucketed", (), "shard", max_length)
         return list(affine_windows(counts, lens.__getitem__, cfg, 1, segments))
 
     check_resizes(windows, trained, history, world, lens, drop_last, max_length)
@@ -103,7 +103,7 @@ def test_no_segments_is_iter_windows():
     rng = np.random.default_rng(4)
     counts = rng.integers(10, 40, 20)
     lens = [rng.integers(5, 200, n) for n in counts]
-    cfg = WindowConfig(1500, 12, 4, 100, True, False, 3, "greedy", (), "shard")
+    cfg = WindowConfig(1500, 12, 4, 100, True, False, 3, "bucketed", (), "shard")
     a = list(iter_windows(counts, lens.__getitem__, cfg, 2))
     b = list(affine_windows(counts, lens.__getitem__, cfg, 2, ((4, 0),)))  # an empty segment changes nothing
     assert [(x.plan.fingerprint(), x.reads.tobytes()) for x in a] == [(x.plan.fingerprint(), x.reads.tobytes())

@@ -90,7 +90,7 @@ def test_shard_mode_epoch_invariants(w, shard_sizes, window, drop_last, epoch, s
     counts = np.array(shard_sizes, dtype=np.int64)
     if counts.sum() == 0:
         return
-    config = WindowConfig(tokens, cap, w, window, True, drop_last, seed, "greedy", (), "shard")
+    config = WindowConfig(tokens, cap, w, window, True, drop_last, seed, "bucketed", (), "shard")
     check_epoch(counts, lengths, config, epoch)
 
 
@@ -115,7 +115,7 @@ def test_deterministic_and_epochs_differ():
     rng = np.random.default_rng(3)
     counts = rng.integers(20, 60, 30)
     lengths = [rng.integers(10, 300, n) for n in counts]
-    config = WindowConfig(2000, 16, 4, 200, True, False, 7, "greedy", (), "shard")
+    config = WindowConfig(2000, 16, 4, 200, True, False, 7, "bucketed", (), "shard")
 
     def fingerprints(epoch):
         return [(w.plan.fingerprint(), w.reads.tobytes(), w.holder.tobytes())
@@ -134,7 +134,7 @@ def test_empty_rank_and_tiny_epochs_still_give_equal_steps():
         counts = np.array(counts, dtype=np.int64)
         lengths = [np.full(c, 50, dtype=np.int64) for c in counts]
         for drop_last in (False, True):
-            config = WindowConfig(400, 8, 4, 1, True, drop_last, 0, "greedy", (), "shard")
+            config = WindowConfig(400, 8, 4, 1, True, drop_last, 0, "bucketed", (), "shard")
             check_epoch(counts, lengths, config, 0)
 
 

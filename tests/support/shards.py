@@ -80,3 +80,25 @@ def wds_samples(urls) -> list[dict]:
     """Every sample as plain webdataset reads it (the reference for bytes)."""
     ds = wds.WebDataset(urls, shardshuffle=False, empty_check=False)
     return list(ds)
+
+
+def write_lengths(directory, lengths, shard_sizes, prefix: str = "len") -> str:
+    """Shards whose samples carry only their planning length (``json:length``)
+    and one byte: for planning tests, which read no audio. Samples in order,
+    shard i holding ``shard_sizes[i]`` of them; indexed with
+    ``length_from="json:length"``. Returns the brace pattern."""
+    from streambatch.streaming import index_shards
+
+    directory = os.fspath(directory)
+    os.makedirs(directory, exist_ok=True)
+    lengths = [int(x) for x in lengths]
+    at = 0
+    for i, count in enumerate(shard_sizes):
+        with wds.TarWriter(os.path.join(directory, f"{prefix}-{i:06d}.tar")) as sink:
+            for k in range(at, at + count):
+                sink.write({"__key__": f"{prefix}/{k:07d}", "json": json.dumps({"length": lengths[k]}).encode(),
+                            "bin": b"x"})
+        at += count
+    brace = os.path.join(directory, f"{prefix}-{{{0:06d}..{len(shard_sizes) - 1:06d}}}.tar")
+    index_shards(brace, length_from="json:length", workers=1, progress=False)
+    return brace

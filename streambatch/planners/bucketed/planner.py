@@ -5,7 +5,7 @@ buckets (geometric, ``bucket_width`` apart) and shuffled inside each bucket,
 so a batch holds near-equal lengths (little padding) while its members change
 from epoch to epoch; the bucket grid itself shifts by a random fraction of a
 bucket each epoch. Steps of W batches are then laid out along that order, one
-at a time, from both ends towards the densest bucket (``_bucketed.plan_steps``
+at a time, from both ends towards the densest bucket (``steps.plan_steps``
 tries a few layouts per step and keeps the one wasting the least padding,
 straggler time and budget), and the leftovers of both sides are finished
 together where lengths are densest. Step order and the rank each batch of a
@@ -32,7 +32,14 @@ Options (keywords of ``make_plan``):
   (``bucketed/packed.py``): ``sum(L) <= max_batch_tokens`` per batch,
   balanced under the packed cost ``sum(c1 * L + c2 * L**2)``, for models
   whose attention is restricted to each sample of a concatenated sequence.
-  ``bucket_width`` then sets how far the length order is jittered.
+  ``bucket_width`` then sets the width of the length buckets samples are
+  counting-sorted into.
+- ``max_steps`` (default None): the most steps a plan may take; None: 1.05 x
+  the fewest any valid plan can have + 1 (``core/bounds.py``). A layout
+  over it is replaced by the best candidate within it (``step_limit.py``:
+  the head of long samples cut back, or the fill of ``fill.py``); with a
+  fitted step model (``c0 > 0``) a plan over it is kept only when the model
+  predicts it faster, and ``Plan.fewest_steps`` shows by how much.
 
 ``drop_last=True`` leaves out (and returns as ``Plan.leftover``) the samples
 that cannot complete a step; without it they are dealt evenly into the final
@@ -42,6 +49,8 @@ foundation's rule says.
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 
 from ...core import compile_once as once  # called as once.compile_once: tests swap it
@@ -49,8 +58,10 @@ from ...core.constraint import BatchConstraint
 from ...core.cost import INT64_MAX
 from ...core.plan import Plan, assemble, finish_last_step, index_dtype
 from ..base import Planner
-from ..options import BUCKET_WIDTH, COST, COST_KINDS, DEFAULT_BUCKET_WIDTH, MAX_STEP_COST, PACK
+from ..options import BUCKET_WIDTH, COST, COST_KINDS, DEFAULT_BUCKET_WIDTH, MAX_STEP_COST, MAX_STEPS, PACK
+from .fill import fill_plan
 from .packed import plan_packed
+from .step_limit import NO_HEAD, within_limit
 
 _SALT = 0x6275636B65746564  # "bucketed"
 _M64 = (1 << 64) - 1
@@ -117,59 +128,106 @@ def plan_bucketed(lengths: np.ndarray, constraint: BatchConstraint, world_size: 
     validated (``make_plan`` does it).
 
     lengths: (N,) int64 >= 0; constraint: the batch rule bound to them (its
-    ``pack`` plans packed batches: ``packed.py``). Returns a Plan whose steps
-    all have W non-empty batches; with ``drop_last`` the tail that cannot
+    ``pack`` plans packed batches: ``packed.py``; its ``step_limit``, the
+    most steps the plan may take: ``step_limit.py``). Returns a Plan whose
+    steps all have W non-empty batches, reporting the fewest steps
+    (``Plan.fewest_steps``); with ``drop_last`` the tail that cannot
     complete a step is left out and returned as ``leftover``.
     """
     if constraint.pack:
-        return plan_packed(lengths, constraint, world_size, shuffle, drop_last, seed, epoch, bucket_width)
+        key = plan_key(seed, epoch)
+        phase = float(subkey(key, 1) >> np.uint64(11)) / 2.0**53 if shuffle else 0.0
+        return plan_packed(lengths, constraint, world_size, shuffle, drop_last, subkey(key, 6),
+                           lambda lmax: bucket_edges(lmax, bucket_width, phase))
 
     n = lengths.shape[0]
     w = world_size
     dtype = index_dtype(n)
     if n == 0:
         empty = np.zeros(0, dtype=dtype)
-        return assemble(empty, np.zeros((0, w), dtype=np.int64), np.zeros(0, dtype=np.int64), w)
+        return assemble(empty, np.zeros((0, w), dtype=np.int64), np.zeros(0, dtype=np.int64), w, fewest_steps=0)
     lmax = constraint.max_len
     cost = constraint.cost
+    tokens, cap, max_cost = constraint.max_tokens, constraint.max_size, constraint.max_cost
+    bound = constraint.step_bound(lengths, drop_last)
+    limit = constraint.step_limit(bound.steps)
     # Sorted lengths in the narrowest dtype that holds them: the step kernel
     # streams through them several times.
     len_dtype = np.int16 if lmax < 2**15 else np.int32 if lmax < 2**31 else np.int64
     # The kernels this plan calls, compiled once per node (or loaded) on a tiny
     # input with the same argument types: see ``core/compile_once.py``.
     once.compile_once("bucketed", (np.dtype(dtype).name, np.dtype(len_dtype).name, shuffle),
-                 lambda: _lay_out(np.arange(1, 41, dtype=np.int64), 40, 400, 8, 2, (1, 0), True, INT64_MAX, shuffle,
-                                  False, plan_key(0, 0), DEFAULT_BUCKET_WIDTH, dtype, len_dtype))
-    # A per-step cost (a measured step model's c0) makes needless steps cost time: no head steps of long
-    # samples one per rank after the outliers (under B*L^2 alone they cost the same as fuller steps).
-    return _lay_out(lengths, lmax, constraint.max_tokens, constraint.max_size, w, constraint.coefficients,
-                    cost.per_step <= 0, constraint.max_cost, shuffle, drop_last, plan_key(seed, epoch), bucket_width,
-                    dtype, len_dtype)
+                      lambda: _warm(dtype, len_dtype, shuffle))
+    key = plan_key(seed, epoch)
+
+    def lay_out(head_min: int) -> Plan:
+        return _lay_out(lengths, lmax, tokens, cap, w, constraint.coefficients, np.int64(head_min), max_cost, shuffle,
+                        drop_last, key, bucket_width, dtype, len_dtype)
+
+    # The head of long samples (``head.py``) after an outlier: under B*L^2 alone its steps, each batch held
+    # to one long sample's cost, cost no more than fuller ones, but they take more steps. A per-step cost (a
+    # measured step model's c0) says they are slower: none then. Otherwise as far as the step limit allows.
+    plan = lay_out(0 if cost.per_step <= 0 else NO_HEAD)
+    if limit is not None and plan.num_steps > limit:
+        def fill() -> Plan:
+            # the same buckets, longest first (the ascending part reversed)
+            order, _, m = bucket_order(lengths, lmax, tokens, cap, shuffle, key, bucket_width, dtype, len_dtype)
+            order = np.concatenate([order[m:], order[:m][::-1]])
+            return fill_plan(lengths, order, tokens, cap, w, constraint.coefficients, max_cost, shuffle, drop_last,
+                             subkey(key, 5), limit)
+
+        plan = within_limit(plan, lengths, constraint, limit, lay_out, fill)
+    return dataclasses.replace(plan, fewest_steps=bound.steps)
 
 
-def _lay_out(lengths: np.ndarray, lmax: int, tokens: int, cap: int, w: int, coefficients: tuple[int, int],
-             long_head: bool, max_cost: int, shuffle: bool, drop_last: bool, key: np.uint64, width: float,
-             dtype: type, len_dtype: type) -> Plan:
-    """The kernel calls of ``plan_bucketed``: sort into buckets, lay steps out
-    from both ends, finish the rest, shuffle the step order."""
-    # lazy for start-up: no numba before the first plan
-    from ..toolkit import step_permutation
-    from .steps import bucket_sort, plan_steps, table_size
+def _warm(dtype: type, len_dtype: type, shuffle: bool) -> None:
+    """The bucketed kernels on a tiny input of these argument types (and the fill's)."""
+    from .steps import fill_sizes, mix_batches  # lazy for start-up: no numba before the first plan
+
+    _lay_out(np.arange(1, 41, dtype=np.int64), 40, 400, 8, 2, (1, 0), np.int64(0), INT64_MAX, shuffle, False,
+             plan_key(0, 0), DEFAULT_BUCKET_WIDTH, dtype, len_dtype)
+    tiny = np.arange(40, 0, -1, dtype=np.int64)
+    fill_sizes(tiny, 400, 8, 1, 0, INT64_MAX)
+    mix_batches(tiny, np.arange(0, 40, 10, dtype=np.int64), np.full(4, 10, dtype=np.int64), 2, plan_key(0, 0))
+
+
+def bucket_order(lengths: np.ndarray, lmax: int, tokens: int, cap: int, shuffle: bool, key: np.uint64, width: float,
+                 dtype: type, len_dtype: type, scratch_idx: np.ndarray | None = None
+                 ) -> tuple[np.ndarray, np.ndarray, int]:
+    """(order, slen, m): the samples counting-sorted into the epoch's length
+    buckets (``sort.bucket_sort``: buckets 0..d ascending in order[:m],
+    the rest descending after them, shuffled inside each bucket), their
+    lengths, and m. scratch_idx: (N,) of ``dtype`` to reuse, or None."""
+    from .sort import bucket_sort, table_size  # lazy for start-up: no numba before the first plan
 
     n = lengths.shape[0]
     phase = float(subkey(key, 1) >> np.uint64(11)) / 2.0**53 if shuffle else 0.0
     edges = bucket_edges(lmax, width, phase)
     order = np.empty(n, dtype=dtype)
     slen = np.empty(n, dtype=len_dtype)
-    out = np.empty(n + w, dtype=dtype)
+    scratch_idx = np.empty(n, dtype=dtype) if scratch_idx is None else scratch_idx
     scratch = np.empty(n, dtype=len_dtype)
     table = np.empty(table_size(lmax, n), dtype=np.int32)
-    m = bucket_sort(lengths, edges, table, subkey(key, 2), shuffle, tokens, cap, order, slen, out[:n], scratch)
-    del scratch, table
+    m = bucket_sort(lengths, edges, table, subkey(key, 2), shuffle, tokens, cap, order, slen, scratch_idx, scratch)
+    return order, slen, int(m)
+
+
+def _lay_out(lengths: np.ndarray, lmax: int, tokens: int, cap: int, w: int, coefficients: tuple[int, int],
+             head_min: np.int64, max_cost: int, shuffle: bool, drop_last: bool, key: np.uint64, width: float,
+             dtype: type, len_dtype: type) -> Plan:
+    """The kernel calls of ``plan_bucketed``: sort into buckets, lay steps out
+    from both ends, finish the rest, shuffle the step order."""
+    # lazy for start-up: no numba before the first plan
+    from ..toolkit import step_permutation
+    from .steps import plan_steps
+
+    n = lengths.shape[0]
+    out = np.empty(n + w, dtype=dtype)
+    order, slen, m = bucket_order(lengths, lmax, tokens, cap, shuffle, key, width, dtype, len_dtype, out[:n])
     # Lay steps out from the short end up and from the long end down; the
     # tails of both (under two steps each) meet where lengths are densest
     # and are finished there together, so no runt step lands in a sparse tail.
-    args = (w, tokens, cap, *coefficients, max_cost, long_head)
+    args = (w, tokens, cap, *coefficients, max_cost, head_min)
     step_key = subkey(key, 3)
     low, k, n_low, stop_low = plan_steps(order[:m], slen[:m], *args, False, False, False, shuffle, step_key, 0, out)
     low = low[: k * w].reshape(k, w)
@@ -194,7 +252,7 @@ def _lay_out(lengths: np.ndarray, lmax: int, tokens: int, cap: int, w: int, coef
 
 
 PLANNER = Planner(
-    "bucketed", plan_bucketed, options=(BUCKET_WIDTH, COST, MAX_STEP_COST, PACK), costs=COST_KINDS,
+    "bucketed", plan_bucketed, options=(BUCKET_WIDTH, COST, MAX_STEP_COST, PACK, MAX_STEPS), costs=COST_KINDS,
     summary="length buckets, each step's W batches laid out to cost the same (recommended for new runs)",
     takes_constraint=True, kernels="streambatch.planners.bucketed.steps",
 )

@@ -27,24 +27,27 @@ from .layouts import (
 )
 from .sort import _TAGS, bucket_sort, table_size
 
-__all__ = ["_TAGS", "bucket_sort", "deal_rank", "head_step", "plan_steps", "sparse_layout", "table_size"]
+__all__ = ["_TAGS", "bucket_sort", "deal_rank", "fill_sizes", "head_step", "mix_batches", "plan_steps", "sparse_layout",
+           "table_size"]
 
 _SETTLED = 0.995  # a greedy step this balanced is taken without trying other layouts
 _SPARSE = 0.9  # a descending step less balanced than this spans sparse long samples
 
 
 @njit(cache=True, no_cfunc_wrapper=True, error_model="numpy")
-def plan_steps(order, slen, w, max_tokens, max_size, ca, cb, max_cost, long_head, descending, finish, drop_last,
+def plan_steps(order, slen, w, max_tokens, max_size, ca, cb, max_cost, head_min, descending, finish, drop_last,
                shuffle, key, first_step, out):
     """Lay bucket-sorted samples out as global steps of W batches.
 
     order, slen: (n,) sample indices and their lengths in bucket order,
     ascending or descending (the head reorders a few of them in place).
     max_tokens, max_size, max_cost >= 1 (int64 max for no cost cap). ca,
-    cb: the cost model's ``CostModel.coefficients``. long_head: after an
-    outlier's head step, keep laying long samples out as head steps (False
-    for a model with a per-step cost: those steps hold one sample per rank,
-    so the same samples take several times the steps). key: uint64; step s of
+    cb: the cost model's ``CostModel.coefficients``. head_min: after an
+    outlier's head step, keep laying long samples of at least this length
+    out as head steps (int64; its max for none: those steps hold batches
+    held to one long sample's cost, so the same samples can take several
+    times the steps, and the plan layer lowers the reach of the head only as
+    far as its step limit allows). key: uint64; step s of
     this call turns its batches by a rank offset drawn from (key,
     first_step + s) when shuffling. out: (>= n,) receives samples grouped by
     step, then rank.
@@ -168,7 +171,7 @@ def plan_steps(order, slen, w, max_tokens, max_size, ca, cb, max_cost, long_head
                 # time whatever the layout), or, after a head step, long
                 # samples (fewer than LONG fit the budget) while they last.
                 outlier = cheapest <= lone < top
-                if outlier or (long_head and in_head and max_tokens < LONG * np.int64(slen[p])):
+                if outlier or (in_head and np.int64(slen[p]) >= head_min and max_tokens < LONG * np.int64(slen[p])):
                     k = _head_pool(slen, p, w, max_tokens, max_size, ca, cb, lone if lone < max_cost else max_cost,
                                    not outlier, pool_sizes, pool_costs)
                     if k > 0:
@@ -275,3 +278,115 @@ def sparse_layout(slen, p, w, max_tokens, max_size, ca, cb, top, lone, rate):
 def time_rate(slen, p, end, sizes, maxes, w, ca, cb):
     """``_time_rate``."""
     return _time_rate(slen, p, end, sizes, maxes, np.int64(0), w, ca, cb)
+
+
+@njit(cache=True, no_cfunc_wrapper=True, error_model="numpy")
+def fill_sizes(slen, max_tokens, max_size, ca, cb, max_cost):
+    """Cut slen (n,) into batches of consecutive samples, each filled until
+    the next sample would break the size cap, token budget or cost cap
+    (count x the running longest; a lone sample over them is a batch of
+    its own). Sorted longest first, this is the fill of ``core/bounds.py``:
+    the fewest batches. Returns ((nb,) int64 batch sizes)."""
+    n = slen.shape[0]
+    sizes = _new(n)
+    nb = np.int64(0)
+    p = np.int64(0)
+    while p < n:
+        cnt = np.int64(1)
+        mx = np.int64(slen[p])
+        p += 1
+        while p < n:
+            ln = np.int64(slen[p])
+            nm = ln if ln > mx else mx
+            if cnt + 1 > max_size or (cnt + 1) * nm > max_tokens or _cost(ca, cb, cnt + 1, nm) > max_cost:
+                break
+            cnt += 1
+            mx = nm
+            p += 1
+        sizes[nb] = cnt
+        nb += 1
+    out = _new(nb)
+    for i in range(nb):
+        out[i] = sizes[i]
+    return out
+
+
+@njit(cache=True, no_cfunc_wrapper=True, error_model="numpy")
+def mix_batches(slen, starts, sizes, w, key):
+    """Shuffle batch-mates inside each step, keeping every batch valid.
+
+    slen: (n,) lengths of the plan's order; starts, sizes: (k * W,) int64
+    runs of it, W batches to a step. Each batch keeps its longest sample
+    (its anchor: the first longest) and its size; every other sample of the
+    step goes, longest first, to a random free slot of a batch whose anchor
+    is at least as long. So no batch's longest or size changes (nor its
+    cost, budget or cost-cap check), while samples of neighbouring lengths
+    change batch-mates from epoch to epoch. Longest first, a free slot always
+    exists: the samples at least as long as any length t fill at most the
+    slots of batches whose anchor is at least t, as they did before.
+
+    key: uint64. Returns (sum(sizes),) int64 positions into slen, grouped by
+    batch (anchor first), batch after batch.
+    """
+    nb = sizes.shape[0]
+    total = np.int64(0)
+    for b in range(nb):
+        total += sizes[b]
+    out = _new(total)
+    anchor = _new(w)
+    at = _new(w)
+    rank = _new(w)
+    counter = np.int64(0)
+    acc = np.int64(0)
+    for s in range(nb // w):
+        m = np.int64(0)
+        for j in range(w):
+            b = s * w + j
+            best = starts[b]
+            for i in range(starts[b] + 1, starts[b] + sizes[b]):
+                if slen[i] > slen[best]:
+                    best = i
+            anchor[j] = best
+            m += sizes[b]
+        rest = _new(m - w)  # the step's other samples, then their lengths (negated: argsort ascends)
+        neg = _new(m - w)
+        r = 0
+        for j in range(w):
+            b = s * w + j
+            for i in range(starts[b], starts[b] + sizes[b]):
+                if i != anchor[j]:
+                    rest[r] = i
+                    neg[r] = -np.int64(slen[i])
+                    r += 1
+        by_len = np.argsort(neg, kind="mergesort")
+        for j in range(w):
+            rank[j] = -np.int64(slen[anchor[j]])
+        batch_order = np.argsort(rank, kind="mergesort")  # batches, longest anchor first
+        # out: batch j of the step at [at[j], at[j] + size), anchor first
+        for j in range(w):
+            at[j] = acc
+            out[acc] = anchor[j]
+            acc += sizes[s * w + j]
+        pool = _new(m - w)  # one entry per free slot of the batches eligible so far
+        pool_n = np.int64(0)
+        fill = _new(w)
+        for j in range(w):
+            fill[j] = 1
+        k = 0
+        for t in range(m - w):
+            i = rest[by_len[t]]
+            ln = np.int64(slen[i])
+            while k < w and np.int64(slen[anchor[batch_order[k]]]) >= ln:
+                j = batch_order[k]
+                for _ in range(sizes[s * w + j] - 1):
+                    pool[pool_n] = j
+                    pool_n += 1
+                k += 1
+            pick = _below(key, counter, pool_n)
+            counter += 1
+            j = pool[pick]
+            pool_n -= 1
+            pool[pick] = pool[pool_n]
+            out[at[j] + fill[j]] = i
+            fill[j] += 1
+    return out

@@ -73,4 +73,6 @@ PLANNER = Planner(
     "greedy", plan_greedy, options=(), costs=("quadratic",),
     summary="the seed's greedy global-step planner, batch for batch (the sampler's default)",
     takes_constraint=True, kernels="streambatch.planners.greedy.placement",
+    # seed-exact: its plans are the seed's, steps included (within 1.6 x the fewest measured): no step bound
+    step_slack=None,
 )

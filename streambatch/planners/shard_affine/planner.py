@@ -46,6 +46,16 @@ worker computes every rank's share without talking):
    time giving every rank half its tail's weight less (more, if below the
    mean) and keeping the cut with the fewest tail samples.
 6. Step order inside the window is shuffled from (seed, epoch, window).
+7. **Steps within the cap.** A window takes at most its cap (``max_steps``:
+   in streaming, the window's share of the epoch's limit, ``epoch/step_budget.py``;
+   as a planner of its own, 1.10 x the fewest + 1, ``STEP_SLACK``). Over it,
+   the walk is tried again with each step's target raised towards the ranks'
+   full batches (``walk.affine_steps``' ``target_rank``), keeping the one
+   within the cap that plans the shortest epoch under the cost plus the
+   default per-step term; when none is within, the window (the same cut:
+   each rank still streams its own piece) is planned across ranks by the
+   cross-rank planner, each sample a rank trains without holding it one
+   ranged read.
 
 Packed batches (``pack=True``: the sum of a batch's lengths within the
 budget, its cost the sum of its samples' costs): the same cut, pooling and
@@ -64,6 +74,7 @@ Stream: per window, per-rank cuts of its shards and the steps that train them.""
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
@@ -71,9 +82,10 @@ import numpy as np
 
 from ...core.constraint import BatchConstraint, BatchLimits
 from ...core.plan import Plan, assemble
+from ...core.plan_time import epoch_time, packed_epoch_time
 from ...core.registry import get_planner
 from ..base import Planner
-from ..options import BUCKET_WIDTH, COST, COST_KINDS, DEFAULT_BUCKET_WIDTH, MAX_STEP_COST, PACK
+from ..options import BUCKET_WIDTH, COST, COST_KINDS, DEFAULT_BUCKET_WIDTH, MAX_STEP_COST, MAX_STEPS, PACK
 from .holders import relax_to_holders, swap_to_holders, to_holders
 
 _U64 = 1 << 64
@@ -177,7 +189,8 @@ def cut_points(weights: np.ndarray, shares: np.ndarray) -> np.ndarray:
 
 def plan_affine_window(carry_len: np.ndarray, carry_holder: np.ndarray, new_len: np.ndarray, limits: BatchLimits,
                        world_size: int, shuffle: bool, final: bool, drop_last: bool, seed: int,
-                       bucket_width: float = DEFAULT_BUCKET_WIDTH, groups: np.ndarray | None = None) -> AffineWindow:
+                       bucket_width: float = DEFAULT_BUCKET_WIDTH, groups: np.ndarray | None = None,
+                       max_steps: int | None = None) -> AffineWindow:
     """Plan one window in shard-affine mode (inputs validated by the caller).
 
     carry_len, carry_holder: (c,) int64 lengths and holding ranks of the
@@ -192,20 +205,77 @@ def plan_affine_window(carry_len: np.ndarray, carry_holder: np.ndarray, new_len:
     getting the same fraction of every group, so that every rank's samples
     follow the window's mix of lengths (one source per rank would leave the
     ranks' walks far apart: measured, 1.6x the steps). None: one group.
+    max_steps: the window's step cap (``epoch/step_budget.py``; None: none).
+    When the balanced walk and its pooled plan take more steps, the window is
+    walked again with the step's target raised to a quarter, half, three
+    quarters and all of the ranks' full batches (``affine_steps``'
+    ``target_rank``; all: every rank takes its full batch, the fewest steps
+    its own samples allow), and of those within the cap the one planning the
+    shortest epoch under the cost plus the default per-step term
+    (``BatchConstraint.default_step_cost``) is kept. When none is within it
+    (each rank's own samples, cut into batches, lose up to a batch each:
+    many steps' worth where windows hold few steps), the same cut is planned
+    across ranks by the cross-rank planner within the cap, as sample mode
+    plans; a sample trained by a rank that did not stream it costs that rank
+    a ranged read (``foreign_samples``), as the pooled outliers do.
     """
     w = world_size
     c = carry_len.shape[0]
     lengths = np.concatenate([carry_len, new_len]).astype(np.int64, copy=False)
-    n = lengths.shape[0]
     constraint = limits.bind(lengths, w)
-    cost, packed = constraint.cost, constraint.pack
     pooled = pooled_mask(lengths, limits.max_batch_tokens, w)
-    weights = sample_weights(lengths, cost, constraint.max_tokens, constraint.max_size, constraint.max_cost, w)
+    weights = sample_weights(lengths, constraint.cost, constraint.max_tokens, constraint.max_size,
+                             constraint.max_cost, w)
     weights[pooled] = 1
     carry_w = np.zeros(w, dtype=np.int64)
     np.add.at(carry_w, carry_holder, weights[:c])
     new_w = weights[c:]
     shares = water_levels(carry_w, int(new_w.sum()))
+    tried = []
+    for rank in sorted({0, w // 4, w // 2, (3 * w) // 4, w - 1}):
+        aw = _plan_window(lengths, weights, pooled, carry_holder, new_w, shares, constraint, shuffle, final,
+                          drop_last, seed, bucket_width, groups, rank, max_steps)
+        if max_steps is None or (rank == 0 and aw.plan.num_steps <= max_steps):
+            return aw  # the balanced walk, when it is within the cap
+        tried.append(aw)
+    within = [a for a in tried if a.plan.num_steps <= max_steps]
+    if not within:
+        # the same cut planned across ranks, within the cap (each rank still streams its own piece)
+        aw = min(tried, key=lambda a: a.plan.num_steps)
+        plan = _cross_rank(lengths, limits, w, shuffle, drop_last if final else True, seed, bucket_width, max_steps)
+        return dataclasses.replace(aw, plan=plan, leftover=plan.leftover)
+    # of the walks within the cap, the shortest planned epoch under the cost plus the default per-step term
+    c0 = constraint.default_step_cost(lengths)
+    return min(within, key=lambda a: _epoch(a.plan, lengths, constraint, c0))
+
+
+def _cross_rank(lengths: np.ndarray, limits: BatchLimits, world_size: int, shuffle: bool, drop_last: bool, seed: int,
+                bucket_width: float, step_cap: int | None) -> Plan:
+    """``lengths`` ((n,) int64) planned across ranks by ``CROSS_RANK_PLANNER``
+    (epoch 0 of ``seed``), under the same batch rule with that planner's own
+    step bound, or within ``step_cap`` when given (``BatchLimits.bind``)."""
+    cross = get_planner(CROSS_RANK_PLANNER)
+    rule = dataclasses.replace(limits, max_steps=None, step_slack=cross.step_slack)
+    return cross.run(lengths, rule.bind(lengths, world_size, step_cap), world_size, shuffle, drop_last, seed, 0,
+                     {"bucket_width": bucket_width})
+
+
+def _epoch(plan: Plan, lengths: np.ndarray, constraint: BatchConstraint, c0: float) -> float:
+    """The planned epoch: sum over steps of c0 + the costliest batch (packed: its samples' costs summed)."""
+    if constraint.pack:
+        return packed_epoch_time(plan, lengths, constraint.cost, c0)
+    return epoch_time(plan, lengths, constraint.cost, c0)
+
+
+def _plan_window(lengths: np.ndarray, weights: np.ndarray, pooled: np.ndarray, carry_holder: np.ndarray,
+                 new_w: np.ndarray, shares: np.ndarray, constraint: BatchConstraint, shuffle: bool, final: bool,
+                 drop_last: bool, seed: int, bucket_width: float, groups: np.ndarray | None, target_rank: int,
+                 max_steps: int | None) -> AffineWindow:
+    """Steps 1-6 of the module docstring for one window (``plan_affine_window``'s checked values, its
+    constraint bound to the window's lengths), the walk aiming at ``target_rank``."""
+    n = lengths.shape[0]
+    w = constraint.world_size
+    limits = constraint.limits
     rng = np.random.Generator(np.random.PCG64(np.random.SeedSequence([seed % _U64, 0xAFF])))
     tags = rng.integers(0, 1 << 62, size=n) if shuffle else np.arange(n)
     best = None
@@ -219,7 +289,7 @@ def plan_affine_window(carry_len: np.ndarray, carry_holder: np.ndarray, new_len:
         walker = np.where(pooled, w, holder)  # pooled samples sort after every rank's segment
         order = np.lexsort((tags, lengths, walker)).astype(np.int64)
         starts = np.searchsorted(walker[order], np.arange(w + 1)).astype(np.int64)
-        samples, counts, rest = _walk(lengths, order, starts, constraint)
+        samples, counts, rest = _walk(lengths, order, starts, constraint, target_rank)
         if best is None or rest.size < best[-1].size:
             best = (cuts, holder, order, starts, samples, counts, rest)
         if rest.size == 0:
@@ -238,14 +308,15 @@ def plan_affine_window(carry_len: np.ndarray, carry_holder: np.ndarray, new_len:
         # sample given to a rank other than its holder costs that rank one
         # ranged read, instead of a lopsided step or steps of padding.
         pool_len = lengths[pool]
-        extra = get_planner(CROSS_RANK_PLANNER).run(pool_len, limits.bind(pool_len, w), w, shuffle,
-                                                    drop_last or not final, int(rng.integers(0, 1 << 62)), 0,
-                                                    {"bucket_width": bucket_width})
+        x_drop = drop_last or not final
+        # what the window's cap leaves after the walk (raised to the pool's fewest where below: ``step_cap``)
+        x_cap = None if max_steps is None else max_steps - counts.shape[0]
+        extra = _cross_rank(pool_len, limits, w, shuffle, x_drop, int(rng.integers(0, 1 << 62)), bucket_width, x_cap)
         x_samples, x_counts = to_holders(pool[extra.samples], np.diff(extra.offsets).reshape(-1, w), holder)
-        if not packed:  # (its swaps keep each batch's longest, not its sum of lengths)
+        if not constraint.pack:  # (its swaps keep each batch's longest, not its sum of lengths)
             x_samples = swap_to_holders(x_samples, x_counts, holder, lengths)
-        x_samples = relax_to_holders(x_samples, x_counts, holder, lengths, cost, limits.max_batch_tokens,
-                                     constraint.max_cost, RELAX_TOL, packed)
+        x_samples = relax_to_holders(x_samples, x_counts, holder, lengths, constraint.cost, limits.max_batch_tokens,
+                                     constraint.max_cost, RELAX_TOL, constraint.pack)
         samples = np.concatenate([samples, x_samples])
         counts = np.concatenate([counts, x_counts])
         padded = extra.num_padded
@@ -256,21 +327,22 @@ def plan_affine_window(carry_len: np.ndarray, carry_holder: np.ndarray, new_len:
     return AffineWindow(plan, holder, cuts, rest)
 
 
-def _walk(lengths: np.ndarray, order: np.ndarray, starts: np.ndarray, constraint: BatchConstraint
-          ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _walk(lengths: np.ndarray, order: np.ndarray, starts: np.ndarray, constraint: BatchConstraint,
+          target_rank: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Step 3, the walk of every rank's own samples at one pace.
 
     order: (n,) int64 window indices, each rank's segment
     ``starts[r]:starts[r + 1]`` ascending by length (the pooled ones after
-    ``starts[W]``). Returns (samples grouped by (step, rank), (k, W) int64
-    batch sizes, rest: the samples the walk left, rank by rank)."""
+    ``starts[W]``); target_rank: ``walk.affine_steps``'. Returns (samples
+    grouped by (step, rank), (k, W) int64 batch sizes, rest: the samples
+    the walk left, rank by rank)."""
     from .walk import affine_steps, packed_affine_steps  # lazy for start-up: no numba before the first plan
 
     w = starts.shape[0] - 1
     slen = lengths[order]
     walk = packed_affine_steps if constraint.pack else affine_steps
     counts, k, pos = walk(slen, starts, constraint.max_tokens, constraint.max_size, *constraint.coefficients,
-                          constraint.max_cost)
+                          constraint.max_cost, target_rank)
     counts = counts[:k]
     rest = order[np.concatenate([np.arange(pos[r], starts[r + 1]) for r in range(w)]).astype(np.int64)]
     # rank r's batches are consecutive slices of its segment of ``order``
@@ -331,18 +403,31 @@ def plan_shard_affine(lengths: np.ndarray, constraint: BatchConstraint, world_si
     read mode calls ``plan_affine_window`` window by window instead, with the
     samples each window carries in and who holds them.
 
-    lengths: (N,) int64 >= 0; constraint: the batch rule bound to them.
+    lengths: (N,) int64 >= 0; constraint: the batch rule bound to them, its
+    ``step_limit`` the window's cap (``STEP_SLACK``: 1.10 x the fewest + 1).
     The window's seed is drawn from (seed, epoch)."""
     none = np.zeros(0, dtype=np.int64)
     if lengths.shape[0] == 0:  # nothing to cut
-        return assemble(none, np.zeros((0, world_size), dtype=np.int64), none, world_size)
+        return assemble(none, np.zeros((0, world_size), dtype=np.int64), none, world_size, fewest_steps=0)
+    bound = constraint.step_bound(lengths, drop_last)
+    cap = constraint.step_limit(bound.steps)
     window_seed = int(np.random.SeedSequence([seed % _U64, epoch, 0x5A]).generate_state(1, np.uint64)[0])
-    return plan_affine_window(none, none, lengths, constraint.limits, world_size, shuffle, True, drop_last,
-                              window_seed, bucket_width).plan
+    plan = plan_affine_window(none, none, lengths, constraint.limits, world_size, shuffle, True, drop_last,
+                              window_seed, bucket_width, max_steps=cap).plan
+    return dataclasses.replace(plan, fewest_steps=bound.steps, fewest_exact=bound.exact)
 
+
+# The shard-affine planner's step bound: 1.10 x the fewest + 1, not the others' 1.05. Every rank trains only the
+# samples it streamed, cut into batches of its own: where a rank's lengths do not fill its last batch of a stretch,
+# that batch is under-filled, up to a batch per rank per window (many steps' worth where windows hold few steps).
+# The walk takes fuller batches (a raised target) to stay within the bound, and only past it is a window planned
+# across ranks, each sample a rank trains without having streamed it costing one ranged read: the wider slack keeps
+# the reads shard-affine for the windows that need a few steps more (measured, bench/steps.py).
+STEP_SLACK = 10
 
 PLANNER = Planner(
-    "shard_affine", plan_shard_affine, options=(BUCKET_WIDTH, COST, MAX_STEP_COST, PACK), costs=COST_KINDS,
+    "shard_affine", plan_shard_affine, options=(BUCKET_WIDTH, COST, MAX_STEP_COST, PACK, MAX_STEPS),
+    costs=COST_KINDS,
     summary="each rank trains a contiguous piece of the samples in their order (streaming's shard read mode)",
-    takes_constraint=True, kernels="streambatch.planners.shard_affine.walk",
+    takes_constraint=True, kernels="streambatch.planners.shard_affine.walk", step_slack=STEP_SLACK,
 )

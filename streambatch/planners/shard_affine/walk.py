@@ -19,7 +19,7 @@ def _fits(count, longest, max_tokens, max_size, max_cost, ca, cb):
 
 
 @njit(cache=True)
-def affine_steps(slen, starts, max_tokens, max_size, ca, cb, max_cost):
+def affine_steps(slen, starts, max_tokens, max_size, ca, cb, max_cost, target_rank):
     """Cut every rank's own samples into the same number of global steps.
 
     slen: (n,) int64 lengths, ascending within each rank's segment
@@ -39,6 +39,13 @@ def affine_steps(slen, starts, max_tokens, max_size, ca, cb, max_cost):
     The walk stops when any rank has no sample left (what the others hold
     then is the caller's to carry or finish).
 
+    target_rank (0 to W - 1): the target is the target_rank-th cheapest of
+    the ranks' full batches instead of the cheapest (0): the ranks whose full
+    batch costs no more take it, the others the prefix nearest it. W - 1:
+    every rank takes its full batch, the fewest steps the ranks' own samples
+    allow; between, fewer steps than the balanced walk at some balance, for
+    a window that walk would give more steps than its cap.
+
     Returns (counts (k, W) int64, k, pos (W,) int64): pos[r] is where rank r
     stopped in its segment.
     """
@@ -49,6 +56,7 @@ def affine_steps(slen, starts, max_tokens, max_size, ca, cb, max_cost):
     counts = np.zeros((shortest, w), dtype=np.int64)
     pos = starts[:w].copy()
     full = np.empty(w, dtype=np.int64)
+    fc = np.empty(w, dtype=np.int64)  # each rank's full batch's cost
     k = 0
     while True:
         done = False
@@ -64,7 +72,10 @@ def affine_steps(slen, starts, max_tokens, max_size, ca, cb, max_cost):
             while e < starts[r + 1] and _fits(e + 1 - p, slen[e], max_tokens, max_size, max_cost, ca, cb):
                 e += 1
             full[r] = e
-            target = min(target, _cost(ca, cb, e - p, slen[e - 1]))
+            fc[r] = _cost(ca, cb, e - p, slen[e - 1])
+            target = min(target, fc[r])
+        if target_rank > 0:
+            target = np.sort(fc)[min(target_rank, w - 1)]
         for r in range(w):
             p = pos[r]
             aim = target
@@ -91,7 +102,7 @@ def affine_steps(slen, starts, max_tokens, max_size, ca, cb, max_cost):
 
 
 @njit(cache=True)
-def packed_affine_steps(slen, starts, max_tokens, max_size, ca, cb, max_cost):
+def packed_affine_steps(slen, starts, max_tokens, max_size, ca, cb, max_cost, target_rank):
     """``affine_steps`` for packed batches: a batch's tokens are the sum of
     its lengths (no padding) and its cost the sum of its samples' costs.
 
@@ -108,7 +119,7 @@ def packed_affine_steps(slen, starts, max_tokens, max_size, ca, cb, max_cost):
     16,000, W = 8) but left the middle lengths, about a batch per rank, to
     carry or to plan across ranks in the final window (1,715 samples vs 9;
     342 ranged reads vs 7), where prefixes leave the few longest. The walk
-    stops when any rank has no sample left.
+    stops when any rank has no sample left. target_rank: as ``affine_steps``.
 
     Returns (counts (k, W) int64, k, pos (W,) int64) as ``affine_steps``.
     """
@@ -125,6 +136,7 @@ def packed_affine_steps(slen, starts, max_tokens, max_size, ca, cb, max_cost):
     counts = np.zeros((shortest, w), dtype=np.int64)
     pos = starts[:w].copy()
     full = np.empty(w, dtype=np.int64)
+    fc = np.empty(w, dtype=np.int64)  # each rank's full batch's cost
     k = 0
     while True:
         done = False
@@ -146,7 +158,10 @@ def packed_affine_steps(slen, starts, max_tokens, max_size, ca, cb, max_cost):
                 else:
                     hi = mid - 1
             full[r] = lo
-            target = min(target, cst[lo] - cst[p])
+            fc[r] = cst[lo] - cst[p]
+            target = min(target, fc[r])
+        if target_rank > 0:
+            target = np.sort(fc)[min(target_rank, w - 1)]
         for r in range(w):
             p = pos[r]
             # largest e in [p + 1, full[r]] costing <= target, or the next one if nearer

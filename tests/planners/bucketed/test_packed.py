@@ -15,7 +15,9 @@ from streambatch import CostModel, make_plan
 from streambatch.epoch.elastic import plan_segments, step_samples
 from streambatch.planners import UnknownOptionError
 from streambatch.planners.bucketed.packed import rotate_ranks
-from streambatch.planners.bucketed.packed_steps import pack_steps
+from streambatch.planners.bucketed.packed_steps import pack_plan
+from streambatch.planners.bucketed.planner import bucket_edges
+from streambatch.planners.bucketed.sort import table_size
 from tests.support.helpers import examples, lognormal_lengths
 
 I64_MAX = np.iinfo(np.int64).max
@@ -23,36 +25,72 @@ I64_MAX = np.iinfo(np.int64).max
 # ------------------------------------------------------------ the step kernel
 
 
-def naive_pack(slen: list[int], skey: list[float], w: int, tokens: int, cap: int, ca: int, cb: int, max_cost: int):
-    """``pack_steps`` from its specification, with lists and linear scans."""
+def naive_pack(lengths: list[int], edges: list[int], w: int, tokens: int, cap: int, ca: int, cb: int,
+               max_cost: int, spread: bool):
+    """``pack_plan`` without shuffling, from its specification, with lists and linear scans."""
 
     def cost(ln: int) -> int:
         return ln * (ca * ln + cb)
 
-    n = len(slen)
-    free = [True] * n
+    def bucket(ln: int) -> int:
+        return sum(e <= ln for e in edges)
+
+    def longest_fitting(full: list[int], room: int) -> int | None:
+        """The longest nonempty bucket whose next sample fits room (the kernel's ``_fitting``)."""
+        rb = bucket(room)
+        below = [x for x in full if x <= rb]
+        if below and below[-1] == rb and lengths[queues[rb][0]] > room:
+            # the straddling bucket: the first of its next 8 samples that fits comes to the front, else none
+            q = queues[rb]
+            hit = next((i for i in range(1, min(8, len(q))) if lengths[q[i]] <= room), None)
+            if hit is not None:
+                q[0], q[hit] = q[hit], q[0]
+                return rb
+            below.pop()  # the buckets below all fit
+        return below[-1] if below else None
+
+    n = len(lengths)
+    queues: dict[int, list[int]] = {}
+    for i in sorted(range(n), key=lambda i: (bucket(lengths[i]), i)):
+        queues.setdefault(bucket(lengths[i]), []).append(i)
+    left_tokens, remaining = sum(lengths), n
     out, counts, complete = [], [], True
-    while any(free):
+    while remaining:
         bins: list[list[int]] = [[] for _ in range(w)]
         c, t, shut = [0] * w, [0] * w, [False] * w
-        while not all(shut) and any(free):
+        while not all(shut) and remaining:
             b = min((r for r in range(w) if not shut[r]), key=lambda r: (c[r], t[r], len(bins[r]), r))
+            full = [q for q in sorted(queues) if queues[q]]
             if not bins[b]:
-                j = max(i for i in range(n) if free[i])  # an empty bin takes the longest, whatever it is
+                q = full[-1]  # an empty bin takes the next sample of the longest bucket, whatever its length
             else:
                 room = tokens - t[b]  # the longest length within the token room and the cost cap (-1: none)
                 if max_cost < I64_MAX:
                     room = max([x for x in range(0, room + 1) if cost(x) <= max_cost - c[b]], default=-1)
-                fits = [i for i in range(n) if free[i] and skey[i] <= room and slen[i] <= room]
-                if len(bins[b]) >= cap or not fits:
+                q = None
+                if len(bins[b]) < cap and room >= 0:
+                    # mean tracking: the bin's samples longer on average than those left: at most room per
+                    # target slot, the target a bin of the mean length left holds (at most the size cap)
+                    c_, rem, lt = len(bins[b]), float(remaining), float(left_tokens)
+                    if spread and cap - c_ > 1:
+                        if tokens * rem >= cap * lt:  # count-bound: room kept for the other slots at the shortest
+                            keep = room - (cap - c_ - 1) * lengths[queues[full[0]][0]]
+                            if keep >= 0:
+                                q = longest_fitting(full, keep)
+                        elif room * rem < (cap - c_) * lt and t[b] * rem > c_ * lt and tokens * rem > (c_ + 1) * lt:
+                            q = longest_fitting(full, int(room / min(float(cap - c_), tokens * rem / lt - c_)))
+                    if q is None:
+                        q = longest_fitting(full, room)
+                if q is None:
                     shut[b] = True
                     continue
-                j = max(fits)
-            free[j] = False
+            j = queues[q].pop(0)
             bins[b].append(j)
-            c[b] += cost(slen[j])
-            t[b] += slen[j]
-        if not any(free) and not all(shut):
+            c[b] += cost(lengths[j])
+            t[b] += lengths[j]
+            left_tokens -= lengths[j]
+            remaining -= 1
+        if not remaining and not all(shut):
             complete = False
         counts.append([len(x) for x in bins])
         out += [i for x in bins for i in x]
@@ -62,18 +100,21 @@ def naive_pack(slen: list[int], skey: list[float], w: int, tokens: int, cap: int
 @settings(max_examples=examples(200), deadline=None)
 @given(st.lists(st.integers(0, 120), min_size=1, max_size=60), st.integers(1, 5), st.integers(1, 400),
        st.integers(1, 12), st.sampled_from([(1, 0), (0, 1), (1, 30)]), st.one_of(st.none(), st.integers(1, 60_000)),
-       st.floats(0, 1), st.randoms(use_true_random=False))
-def test_kernel_matches_naive_twin(lengths, w, tokens, cap, coef, max_cost, width, rnd):
+       st.floats(0.001, 1), st.floats(0, 1), st.booleans())
+def test_kernel_matches_naive_twin(lengths, w, tokens, cap, coef, max_cost, width, phase, spread):
     lengths = np.array(lengths, dtype=np.int64)
-    keys = lengths * (1.0 + width * np.array([rnd.random() for _ in lengths]))
-    order = np.argsort(keys, kind="stable")
-    slen, skey = lengths[order], keys[order]
+    n = lengths.size
+    edges = bucket_edges(int(lengths.max()), width, phase)
     cap_cost = I64_MAX if max_cost is None else max_cost
-    pos = np.full(len(lengths), -1, dtype=np.int64)
-    counts, k, complete = pack_steps(slen, skey, w, tokens, cap, *coef, cap_cost, pos)
-    want, want_counts, want_complete = naive_pack(slen.tolist(), skey.tolist(), w, tokens, cap, *coef, cap_cost)
+    table = np.empty(table_size(int(lengths.max()), n), dtype=np.int32)
+    out = np.full(n + w, -1, dtype=np.int64)
+    scratch = np.empty(n, dtype=np.int64)
+    counts, k, complete = pack_plan(lengths, edges, table, np.uint64(7), False, w, tokens, cap, *coef, cap_cost,
+                                    spread, np.empty(n, dtype=np.int64), np.empty(n, dtype=np.int64), out, scratch)
+    want, want_counts, want_complete = naive_pack(lengths.tolist(), edges.tolist(), w, tokens, cap, *coef, cap_cost,
+                                                  spread)
     assert counts[: k * w].reshape(k, w).tolist() == want_counts
-    assert pos.tolist() == want
+    assert out[:n].tolist() == want
     assert complete == want_complete
 
 

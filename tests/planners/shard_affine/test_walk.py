@@ -15,8 +15,9 @@ from tests.support.helpers import examples
 # ------------------------------------------------------------ the walk kernel
 
 
-def naive_walk(slen, starts, tokens, cap):
-    """The walk of ``affine_steps`` (quadratic cost, no cost cap), written out."""
+def naive_walk(slen, starts, tokens, cap, target_rank=0):
+    """The walk of ``affine_steps`` (quadratic cost, no cost cap), written out;
+    ``target_rank``: the target is that cheapest of the ranks' full batches."""
     w = len(starts) - 1
     pos = list(starts[:-1])
     steps = []
@@ -27,7 +28,7 @@ def naive_walk(slen, starts, tokens, cap):
             while e < starts[r + 1] and e + 1 - pos[r] <= cap and (e + 1 - pos[r]) * slen[e] <= tokens:
                 e += 1
             fulls.append(e)
-        target = min((e - p) * slen[e - 1] ** 2 for p, e in zip(pos, fulls))
+        target = sorted((e - p) * slen[e - 1] ** 2 for p, e in zip(pos, fulls))[min(target_rank, w - 1)]
         row = []
         for r in range(w):
             costs = {e: (e - pos[r]) * slen[e - 1] ** 2 for e in range(pos[r] + 1, fulls[r] + 1)}
@@ -43,19 +44,19 @@ def naive_walk(slen, starts, tokens, cap):
 
 @settings(max_examples=examples(100), deadline=None)
 @given(st.integers(1, 5), st.lists(st.integers(0, 60), min_size=1, max_size=40), st.integers(50, 500),
-       st.integers(1, 8), st.randoms(use_true_random=False))
-def test_walk_matches_naive_twin(w, pool, tokens, cap, rnd):
+       st.integers(1, 8), st.randoms(use_true_random=False), st.integers(0, 5))
+def test_walk_matches_naive_twin(w, pool, tokens, cap, rnd, target_rank):
     sizes = [rnd.randint(0, len(pool)) for _ in range(w)]
     segs = [sorted(rnd.choice(pool) for _ in range(n)) for n in sizes]
     slen = np.array([x for s in segs for x in s], dtype=np.int64)
     starts = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
-    counts, k, pos = affine_steps(slen, starts, tokens, cap, 1, 0, np.iinfo(np.int64).max)
-    want, want_pos = naive_walk(slen.tolist(), starts.tolist(), tokens, cap)
+    counts, k, pos = affine_steps(slen, starts, tokens, cap, 1, 0, np.iinfo(np.int64).max, target_rank)
+    want, want_pos = naive_walk(slen.tolist(), starts.tolist(), tokens, cap, target_rank)
     assert counts[:k].tolist() == want
     assert pos.tolist() == want_pos
 
 
-def naive_packed_walk(slen, starts, tokens, cap, max_cost):
+def naive_packed_walk(slen, starts, tokens, cap, max_cost, target_rank=0):
     """The walk of ``packed_affine_steps`` (quadratic cost): prefixes whose
     tokens and costs are sums over their samples, written out."""
     w = len(starts) - 1
@@ -73,7 +74,7 @@ def naive_packed_walk(slen, starts, tokens, cap, max_cost):
                    and cost(pos[r], e + 1) <= max_cost):
                 e += 1
             fulls.append(e)
-        target = min(cost(p, e) for p, e in zip(pos, fulls))
+        target = sorted(cost(p, e) for p, e in zip(pos, fulls))[min(target_rank, w - 1)]
         row = []
         for r in range(w):
             costs = {e: cost(pos[r], e) for e in range(pos[r] + 1, fulls[r] + 1)}
@@ -90,14 +91,14 @@ def naive_packed_walk(slen, starts, tokens, cap, max_cost):
 @settings(max_examples=examples(100), deadline=None)
 @given(st.integers(1, 5), st.lists(st.integers(0, 60), min_size=1, max_size=40), st.integers(50, 500),
        st.integers(1, 8), st.one_of(st.just(np.iinfo(np.int64).max), st.integers(1, 20_000)),
-       st.randoms(use_true_random=False))
-def test_packed_walk_matches_naive_twin(w, pool, tokens, cap, max_cost, rnd):
+       st.randoms(use_true_random=False), st.integers(0, 5))
+def test_packed_walk_matches_naive_twin(w, pool, tokens, cap, max_cost, rnd, target_rank):
     sizes = [rnd.randint(0, len(pool)) for _ in range(w)]
     segs = [sorted(rnd.choice(pool) for _ in range(n)) for n in sizes]
     slen = np.array([x for s in segs for x in s], dtype=np.int64)
     starts = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
-    counts, k, pos = packed_affine_steps(slen, starts, tokens, cap, 1, 0, max_cost)
-    want, want_pos = naive_packed_walk(slen.tolist(), starts.tolist(), tokens, cap, max_cost)
+    counts, k, pos = packed_affine_steps(slen, starts, tokens, cap, 1, 0, max_cost, target_rank)
+    want, want_pos = naive_packed_walk(slen.tolist(), starts.tolist(), tokens, cap, max_cost, target_rank)
     assert counts[:k].tolist() == want
     assert pos.tolist() == want_pos
 

@@ -1,0 +1,47 @@
+"""The Numba kernel of ``core/bounds.py``: the batch count of the fill (the
+fewest batches of padded plans) from a length histogram."""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+_I64_MAX = np.int64(np.iinfo(np.int64).max)  # a typed global (np.iinfo in a kernel compiles code each time)
+
+
+@njit(cache=True, no_cfunc_wrapper=True)
+def fill_count(values, counts, budget, cap, ca, cb, max_cost):
+    """Batches of the fill (``core/bounds.py``'s docstring) of a length histogram.
+
+    values: (k,) int64 distinct lengths, descending; counts: (k,) int64 >= 1
+    samples of each. budget, cap, max_cost >= 1 (int64 max: no cost cap);
+    (ca, cb): ``CostModel.coefficients``, a batch costs ``B * L * (ca * L + cb)``
+    (scaled). A batch started at a longer length may take the next shorter
+    samples into its room: its longest, and so its capacity, is its first.
+    Returns the count (int64)."""
+    batches = np.int64(0)
+    room = np.int64(0)  # samples the open batch (started at a longer length) may still take
+    for i in range(values.shape[0]):
+        v = values[i]
+        c = counts[i]
+        take = room if room < c else c
+        room -= take
+        c -= take
+        if c == 0:
+            continue
+        k = cap
+        if v > 0:
+            by_budget = budget // v
+            k = by_budget if by_budget < k else k
+            per = v * (ca * v + cb)
+            if per > 0 and max_cost < _I64_MAX:
+                by_cost = max_cost // per
+                k = by_cost if by_cost < k else k
+        k = k if k > 1 else np.int64(1)
+        full = c // k
+        batches += full
+        rest = c - full * k
+        if rest > 0:
+            batches += 1
+            room = k - rest
+    return batches

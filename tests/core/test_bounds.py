@@ -1,0 +1,134 @@
+"""core/bounds.py against brute force: the fewest batches of every partition
+of small inputs into valid batches (padded: exactly; packed: a lower bound)."""
+
+from __future__ import annotations
+
+from functools import cache
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from streambatch.core.bounds import LengthCounts, StepBound, fewest_batches, fewest_steps, step_bound
+from streambatch.core.cost import CostModel
+from tests.support.helpers import examples
+
+
+def brute_fewest(lengths: list[int], budget: int, cap: int, pack: bool, cost=None, max_cost=None) -> int:
+    """Fewest valid batches by dynamic programming over subsets (n <= 10)."""
+    n = len(lengths)
+    ca, cb = (cost or CostModel.quadratic()).coefficients
+
+    def valid(mask: int) -> bool:
+        members = [lengths[i] for i in range(n) if mask >> i & 1]
+        if len(members) <= 1:
+            return len(members) == 1
+        if len(members) > cap:
+            return False
+        if pack:
+            c = sum(x * (ca * x + cb) for x in members)
+            return sum(members) <= budget and (max_cost is None or c <= max_cost)
+        top = max(members)
+        c = len(members) * top * (ca * top + cb)
+        return len(members) * top <= budget and (max_cost is None or c <= max_cost)
+
+    ok = [valid(m) for m in range(1 << n)]
+
+    @cache
+    def best(mask: int) -> int:
+        if mask == 0:
+            return 0
+        low = mask & -mask  # the lowest remaining sample goes in some batch: try every batch holding it
+        out = n
+        sub = mask
+        while sub:
+            if sub & low and ok[sub]:
+                out = min(out, 1 + best(mask & ~sub))
+            sub = (sub - 1) & mask
+        return out
+
+    return best((1 << n) - 1)
+
+
+small = st.lists(st.integers(0, 60), min_size=0, max_size=9)
+
+
+@settings(max_examples=examples(300), deadline=None)
+@given(lengths=small, budget=st.integers(1, 200), cap=st.integers(1, 6), world=st.integers(1, 5),
+       drop_last=st.booleans())
+def test_padded_fewest_is_exact(lengths, budget, cap, world, drop_last):
+    arr = np.array(lengths, dtype=np.int64)
+    want = brute_fewest(lengths, budget, cap, False)
+    assert fewest_batches(arr, budget, cap) == want
+    b = step_bound(arr, budget, cap, world, drop_last)
+    assert b == StepBound(want, want // world if drop_last else -(-want // world), True)
+
+
+@settings(max_examples=examples(200), deadline=None)
+@given(lengths=small, budget=st.integers(1, 200), cap=st.integers(1, 6), cap_cost=st.integers(1, 40_000))
+def test_padded_fewest_with_cost_cap(lengths, budget, cap, cap_cost):
+    arr = np.array(lengths, dtype=np.int64)
+    cost = CostModel.quadratic()
+    assert fewest_batches(arr, budget, cap, cost=cost, max_cost=cap_cost) == \
+        brute_fewest(lengths, budget, cap, False, cost, cap_cost)
+
+
+@settings(max_examples=examples(300), deadline=None)
+@given(lengths=small, budget=st.integers(1, 200), cap=st.integers(1, 6))
+def test_packed_bound_is_a_lower_bound(lengths, budget, cap):
+    arr = np.array(lengths, dtype=np.int64)
+    bound = fewest_batches(arr, budget, cap, pack=True)
+    assert bound <= brute_fewest(lengths, budget, cap, True)
+    assert not step_bound(arr, budget, cap, 1, pack=True).exact
+
+
+@pytest.mark.parametrize("length, budget", [(34, 100), (51, 100), (20, 100), (26, 100), (100, 100), (7, 9)])
+def test_packed_bound_is_exact_for_equal_lengths(length, budget):
+    # the dual functions' bound: ceil(N / (budget // L)), where sum(L) / budget alone says far less
+    arr = np.full(300, length, dtype=np.int64)
+    assert fewest_batches(arr, budget, 1000, pack=True) == -(-300 // (budget // length))
+
+
+def test_lone_samples_and_zero_lengths():
+    arr = np.array([500, 400, 10, 10, 0, 0, 0], dtype=np.int64)
+    # 500 and 400 exceed the budget (alone each); 10, 10, 0, 0, 0 fit one batch of <= 5
+    assert fewest_batches(arr, 100, 5) == 3
+    assert fewest_batches(arr, 100, 2) == 2 + 3
+    assert fewest_batches(arr, 100, 5, pack=True) == 3
+    assert fewest_batches(np.zeros(0, dtype=np.int64), 10, 3) == 0
+    assert fewest_batches(np.zeros(7, dtype=np.int64), 1, 3) == 3
+
+
+def test_steps_and_ratio():
+    assert fewest_steps(17, 4) == 5 and fewest_steps(17, 4, drop_last=True) == 4
+    assert fewest_steps(0, 8) == 0 and fewest_steps(3, 8, True) == 0
+    assert StepBound(10, 5).ratio(6) == 1.2
+    assert StepBound(0, 0).ratio(0) == 1.0
+
+
+def test_large_lengths_take_the_sorting_path():
+    rng = np.random.default_rng(0)
+    arr = rng.integers(10**9, 10**12, 1000)
+    budget = 4 * 10**12
+    # sorted longest first, batches of budget // first: the proof's fill, written out
+    s = np.sort(arr)[::-1]
+    i = batches = 0
+    while i < s.size:
+        i += max(1, min(64, budget // int(s[i])))
+        batches += 1
+    assert fewest_batches(arr, budget, 64) == batches
+
+
+@settings(max_examples=examples(100), deadline=None)
+@given(parts=st.lists(st.lists(st.integers(0, 300), max_size=40), max_size=5), budget=st.integers(1, 600),
+       cap=st.integers(1, 9), pack=st.booleans())
+def test_length_counts_add_up(parts, budget, cap, pack):
+    # an epoch planned window by window: the counts of every window's lengths give the fewest of all of them
+    counts = LengthCounts()
+    for part in parts[:-1]:
+        counts.add(np.array(part, dtype=np.int64))
+    more = np.array(parts[-1] if parts else [], dtype=np.int64)
+    every = np.array([x for part in parts for x in part], dtype=np.int64)
+    assert counts.fewest_batches(budget, cap, pack, more=more) == fewest_batches(every, budget, cap, pack)
+    assert counts.total == every.size - more.size
