@@ -29,7 +29,6 @@ Timings are not measured here (see bench/train_time.py): these are plan properti
 from __future__ import annotations
 
 import argparse
-import importlib
 import json
 import os
 import subprocess
@@ -92,6 +91,17 @@ def measure(steps: list[list[np.ndarray]], lengths: np.ndarray, packed: bool, bu
             "epoch_fit": float(fit.max(axis=1).sum() + FIT[0] * len(steps)) if len(steps) else 0.0}
 
 
+def shard_counts(n: int, seed: int = 2) -> np.ndarray:
+    """bench/affinity.py's shard layout (500-2,000 samples per shard), copied: importing that module imports this
+    checkout's plan layer, which the child measuring another tree must not."""
+    rng = np.random.default_rng(seed)
+    sizes = rng.integers(500, 2_000 + 1, size=n // 500 + 1)
+    cut = int(np.searchsorted(np.cumsum(sizes), n))
+    sizes = sizes[: cut + 1]
+    sizes[-1] -= sizes.sum() - n
+    return sizes[sizes > 0].astype(np.int64)
+
+
 def plan_steps(plan) -> list[list[np.ndarray]]:
     w = plan.world_size
     return [[plan.samples[plan.offsets[s * w + r]: plan.offsets[s * w + r + 1]] for r in range(w)]
@@ -108,8 +118,6 @@ def child(which: str, quick: bool) -> None:
         from streambatch.epoch.read_modes import READ_MODES, iter_windows
         from streambatch.epoch.windows import WindowConfig
 
-    # after streambatch, from PYTHONPATH (the tree measured): bench/affinity.py puts this checkout on sys.path
-    shard_counts = importlib.import_module("affinity").shard_counts
     print(f"# {streambatch.__file__}", file=sys.stderr)
 
     lens = {c: load(c) for c in CORPORA}

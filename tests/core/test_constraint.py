@@ -98,3 +98,69 @@ def test_options_are_resolved_once_per_configuration(monkeypatch):
     calls.clear()
     make_plan(outliers, 8000, 32, 4, planner="shard_affine", cost="linear")
     assert calls == ["shard_affine"]
+
+
+def test_the_step_limit_lives_in_the_batch_rule():
+    """max_steps, the planner's bound and the default per-step term are the batch rule's (issue 30), resolved with
+    the other options; bound to a plan's lengths it answers the fewest steps and the most a plan may take."""
+    lengths = np.full(100, 50, dtype=np.int64)  # 10 to a batch at 500 tokens: 10 batches, 5 steps at W = 2
+    limits = PlanConfig.build(500, 64, 2, planner="bucketed").limits
+    assert (limits.max_steps, limits.step_slack, limits.step_share) == (None, 20, 0.1)
+    c = limits.bind(lengths, 2)
+    bound = c.step_bound(lengths, False)
+    assert (bound.batches, bound.steps, bound.exact) == (10, 5, True)
+    assert c.step_limit(5) == 6 and c.step_limit(40) == 43  # fewest + fewest // 20 + 1
+    assert limits.bind(lengths, 2, step_cap=9).step_limit(5) == 9  # a streamed window's share of its epoch's limit
+    assert limits.bind(lengths, 2, step_cap=3).step_limit(5) == 5  # ... raised to the fewest: it cannot do better
+    assert c.default_step_cost(lengths) == 0.1 * float(CostModel.quadratic().batch_cost(10, 50))
+    assert PlanConfig.build(500, 64, 2, planner="shard_affine").limits.step_slack == 10  # its record's bound
+    assert PlanConfig.build(500, 64, 2).limits.step_slack is None  # greedy: seed-exact, no bound
+    assert c.limits.limit_of(40) == 43 and PlanConfig.build(500, 64, 2).limits.limit_of(40) is None
+    capped = PlanConfig.build(500, 64, 2, planner="bucketed", planner_options={"max_steps": 7}).limits
+    assert capped.max_steps == 7 and capped.bind(lengths, 2).step_limit(5) == 7
+    with pytest.raises(ValueError, match=r"max_steps=4 is below the fewest steps .*\(5\); raise it"):
+        make_plan(lengths, 500, 64, 2, planner="bucketed", max_steps=4)
+    with pytest.raises(ValueError, match=r"max_steps=4 is below a lower bound .* packed"):
+        make_plan(lengths, 500, 64, 2, planner="bucketed", pack=True, max_steps=4)
+    for bad in (1.5, -1, True, "3"):
+        with pytest.raises(ValueError, match="max_steps must be an integer >= 0 or None"):
+            make_plan(lengths, 500, 64, planner="bucketed", max_steps=bad)
+
+
+@pytest.mark.parametrize("planner, options", [("bucketed", {}), ("bucketed", {"pack": True}), ("shard_affine", {})])
+def test_max_steps_is_honoured(planner, options):
+    lengths = lognormal_lengths(4000, seed=3)
+    default = make_plan(lengths, 4000, 64, 8, planner=planner, **options)
+    fewest = default.fewest_steps
+    limit = fewest + fewest // (10 if planner == "shard_affine" else 20) + 1
+    assert fewest <= default.num_steps <= limit
+    at_most = max(fewest, default.num_steps - 1) if options else fewest  # packed: the fewest is a lower bound
+    p = make_plan(lengths, 4000, 64, 8, planner=planner, max_steps=at_most, **options)
+    assert p.num_steps <= max(at_most, default.num_steps) and p.fewest_steps == fewest
+    if not options:  # padded: the fewest is exact, and a plan of exactly that many steps exists (the fill)
+        assert p.num_steps == fewest
+
+
+@pytest.mark.parametrize("mode", ["sample", "shard"])
+def test_streamed_windows_resolve_nothing_again(monkeypatch, mode):
+    """A streamed epoch's step budget reads the batch rule resolved once (config.limits): planning its windows
+    resolves no option again, in either read mode."""
+    from streambatch.epoch.read_modes import iter_windows
+    from streambatch.epoch.windows import WindowConfig
+
+    calls = []
+    real = Planner.resolve
+
+    def counting(self, options):
+        calls.append(self.name)
+        return real(self, options)
+
+    monkeypatch.setattr(Planner, "resolve", counting)
+    config = WindowConfig.build(8000, 32, 4, True, False, 1, "bucketed", {"cost": "linear"}, window_samples=600,
+                                read_mode=mode)
+    assert calls == [config.options_planner]
+    calls.clear()
+    lengths = lognormal_lengths(3000, seed=5)
+    counts = np.full(12, 250, dtype=np.int64)
+    windows = list(iter_windows(counts, lambda s: lengths[250 * s : 250 * (s + 1)], config, 0))
+    assert len(windows) > 2 and calls == []
