@@ -33,7 +33,7 @@ from ..io.ranged import AUDIO_HEAD, READAHEAD, StreamFile, exists, open_ranged, 
 from ..io.reader import open_shard
 from ..io.retry import RangeIgnored, RetryPolicy, as_policy
 from ..io.urls import expand_urls, is_local, local_path
-from .catalog_file import catalog_arrays, default_catalog_path, merge_parts, part_path, write_catalog
+from .catalog_file import catalog_arrays, check_entries, default_catalog_path, merge_parts, part_path, write_catalog
 from .identity import HashingStream, content_hasher, shard_stat, staleness
 from .lengths import LengthSpec, length_of, length_spec
 from .sidecar import SidecarFile, sidecar_path, write_sidecar
@@ -271,6 +271,11 @@ def index_shards(urls: UrlsLike, *, length_from: LengthFrom = "json:duration", f
     default_workers = 16 if remote else (os.cpu_count() or 1)
     workers = check_int("workers", default_workers if workers is None else workers, 1)
     paths = [sidecar_path(u, index_dir, for_write=True) for u in urls]
+    if catalog is None:
+        catalog = remote or n_parts > 1
+    if catalog is not False:
+        check_entries(urls)  # before any work: a name the catalog cannot hold
+        check_entries(paths, "sidecar")
     todo, lengths, metas, stats = [], {}, {}, {}
     if force:
         todo = list(range(len(urls)))
@@ -309,8 +314,6 @@ def index_shards(urls: UrlsLike, *, length_from: LengthFrom = "json:duration", f
     finally:
         if bar:
             bar.close()
-    if catalog is None:
-        catalog = remote or n_parts > 1
     if catalog is not False and urls:
         target = os.fspath(catalog) if not isinstance(catalog, bool) else default_catalog_path(all_urls, index_dir)
         at = target if n_parts == 1 else part_path(target, i_part, n_parts)
