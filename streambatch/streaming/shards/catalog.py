@@ -31,6 +31,7 @@ from ...core.types import IntLike, LengthFrom, UrlsLike
 from ..errors import ShardError
 from ..io.objects import is_remote
 from ..io.ranged import exists
+from ..io.reader import check_regular
 from ..io.retry import RetryPolicy
 from ..io.urls import expand_urls, is_local, local_path
 from .catalog_file import is_catalog, read_catalog
@@ -265,6 +266,9 @@ def _missing_message(urls, bad, index_dir, index_missing, url_hint, spec) -> str
 def _check_shards_exist(urls: list[str]) -> None:
     """A local shard that is not there is "no such file", not a sidecar problem."""
     gone = [u for u in urls if is_local(u) and not os.path.isfile(local_path(u))]
+    for u in gone:
+        if os.path.exists(local_path(u)) and not os.path.isdir(local_path(u)):
+            check_regular(u, os.stat(local_path(u)).st_mode)  # a FIFO, device or socket: say what it is
     if gone:
         what = "a directory, not a tar shard" if os.path.isdir(local_path(gone[0])) else "no such file"
         raise FileNotFoundError(errno.ENOENT, scrub(
