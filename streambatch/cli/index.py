@@ -71,7 +71,7 @@ def run_index(args: argparse.Namespace) -> int:
                          index_dir=args.index_dir, workers=args.workers,
                          progress=not args.no_progress and sys.stderr.isatty(), force=args.force,
                          storage_options=options, part=part, catalog=catalog, retry=retry)
-    except ValueError as exc:
+    except (ValueError, OSError) as exc:
         hint = rerun_hint(args, str(exc))
         if hint is None:
             raise
@@ -97,13 +97,28 @@ def run_index(args: argparse.Namespace) -> int:
     print(f"  total length     {total}")
     if s.percentiles:
         print("  length           " + ", ".join(f"{k} {v:,}{sec(v)}" for k, v in s.percentiles.items()))
+    if args.length_from.startswith("audio") and not fps:
+        # lengths in audio samples are legitimate, but a budget written for frames would be 300x too small
+        print("note: without --frames-per-second the lengths are counts of audio samples (sample rate x seconds: "
+              "16,000 per second of 16 kHz audio), and max_batch_tokens counts them too; to plan in 20 ms frames, "
+              "re-index with --frames-per-second 50 --force", file=sys.stderr)
     pattern = args.shards[0] if len(args.shards) == 1 else "SHARDS..."
     flags = f" --index-dir {args.index_dir}" if args.index_dir else ""  # the sidecars tell plan the frame rate
     if args.part:
         print(f"next, once all {part[1]} parts are done: streambatch index '{scrub(pattern)}'{flags} --merge {part[1]}")
     else:
-        print(f"next: streambatch plan '{scrub(pattern)}'{flags} --max-batch-tokens 16000 --world-size 8")
+        budget = suggested_budget(s.percentiles.get("max", 0))
+        print(f"next: streambatch plan '{scrub(pattern)}'{flags} --max-batch-tokens {budget} --world-size 8")
     return 0
+
+
+def suggested_budget(longest: int) -> int:
+    """A ``--max-batch-tokens`` to start from, in the lengths' own units: 16,000 (320 s of 50 frames/s audio per
+    batch), or room for two of the longest samples when that is more (lengths in audio samples, long clips), so
+    that no batch is over budget. Rounded up to two significant digits."""
+    want = max(16_000, 2 * int(longest))
+    scale = 10 ** max(0, len(str(want)) - 2)
+    return -(-want // scale) * scale
 
 
 def recorded_length_source(shards: list[str], index_dir: str | None, options: dict | None
@@ -123,29 +138,38 @@ def recorded_length_source(shards: list[str], index_dir: str | None, options: di
 
 
 def rerun_hint(args: argparse.Namespace, message: str) -> str | None:
-    """The command to run instead, for the length-source errors that name a missing flag."""
+    """The command to run instead, for the length-source errors that name a missing flag, and for brace ranges
+    written without the zero padding of the files (``{0..7}`` for ``{000000..000007}``)."""
+    from ..streaming.io.urls import expand_urls, padding_fix
     from ..streaming.shards.hints import HINT_FPS
 
+    fixed = [padding_fix(t) for t in args.shards] if "no such file" in message.lower() else []
+    if any(fixed):
+        shards = [f or t for f, t in zip(fixed, args.shards)]
+        example = os.path.basename(expand_urls(next(f for f in fixed if f))[0])
+        return (f"the shard files are numbered with zero padding ({example}; a brace range keeps the digits it is "
+                f"written with): run `{command_line(args, {}, shards)}`")
     if "a fraction" in message and args.frames_per_second is None:
         flags = {"--frames-per-second": str(HINT_FPS)}
         why = f"durations in seconds become lengths of ceil(seconds x {HINT_FPS})"
-    elif "no .json member" in message and not args.length_from.startswith("audio"):
-        flags = {"--length-from": "audio", "--frames-per-second": str(args.frames_per_second or HINT_FPS)}
+    elif (("no .json member" in message or ("has no field" in message and "--length-from audio" in message))
+          and not args.length_from.startswith("audio")):
+        flags = {"--length-from": "audio", "--frames-per-second": f"{args.frames_per_second or HINT_FPS:g}"}
         why = "lengths from the audio headers"
     else:
         return None
     return f"run `{command_line(args, flags)}` ({why})"
 
 
-def command_line(args: argparse.Namespace, flags: dict[str, str]) -> str:
-    """``streambatch index`` with this run's shards and options, ``flags`` set on top."""
+def command_line(args: argparse.Namespace, flags: dict[str, str], shards: list[str] | None = None) -> str:
+    """``streambatch index`` with this run's shards (or ``shards``) and options, ``flags`` set on top."""
     from ..streaming.shards.hints import quote
 
     given = {"--length-from": args.length_from if args.length_from != "json:duration" else None,
              "--frames-per-second": f"{args.frames_per_second:g}" if args.frames_per_second else None,
              "--index-dir": args.index_dir, "--catalog": args.catalog}
     given.update(flags)
-    words = ["streambatch", "index", *(quote(scrub(t)) for t in args.shards)]
+    words = ["streambatch", "index", *(quote(scrub(t)) for t in (shards or args.shards))]
     words += [f"{k} {quote(v) if k in ('--index-dir', '--catalog') else v}" for k, v in given.items() if v]
     words += [f"-s {quote(scrub(kv))}" for kv in args.storage_option]
     words += [flag for flag, on in (("--force", args.force), ("--no-catalog", args.no_catalog)) if on]

@@ -15,6 +15,7 @@ from typing import Any, Literal
 from torch.utils.data import IterableDataset, get_worker_info
 
 from ..core.config import check_epoch
+from ..core.keywords import REQUIRED
 from ..core.long_samples import check_max_length
 from ..core.redact import scrub_exception
 from ..core.types import FlagLike, IntLike, LengthFrom, NumberLike, UrlsLike
@@ -78,7 +79,7 @@ class StreamingBatches(IterableDataset):
         out of its batch, which is still yielded (``pipeline/samples.OutputOptions``).
     """
 
-    def __init__(self, urls: UrlsLike | Source | Sequence[Source], max_batch_tokens: NumberLike,
+    def __init__(self, urls: UrlsLike | Source | Sequence[Source], max_batch_tokens: NumberLike = REQUIRED,
                  max_batch_size: IntLike = 64, *, window_samples: IntLike | None = None,
                  read_mode: str | None = None, shuffle: FlagLike = True, drop_last: FlagLike = False,
                  seed: IntLike = 42, rank: IntLike | None = None, world_size: IntLike | None = None,

@@ -15,6 +15,7 @@ import numpy as np
 from torch.utils.data import Sampler
 
 from ..core.config import PlanConfig, check_epoch
+from ..core.keywords import REQUIRED
 from ..core.long_samples import check_max_length, too_long
 from ..core.mix import Mix, specs_from
 from ..core.plan import Plan, RankBatches, config_fingerprint
@@ -68,7 +69,7 @@ class DynamicBatchSampler(SamplerStateMixin, Sampler[list[int]]):
         **planner_options: options of the chosen planner.
     """
 
-    def __init__(self, lengths: LengthsLike, max_batch_tokens: NumberLike, max_batch_size: IntLike = 64,
+    def __init__(self, lengths: LengthsLike, max_batch_tokens: NumberLike = REQUIRED, max_batch_size: IntLike = 64,
                  shuffle: FlagLike = True, drop_last: FlagLike = False, rank: IntLike | None = 0,
                  world_size: IntLike | None = 1, seed: IntLike = 42, *, planner: str = "greedy",
                  verify: FlagLike = True, max_length: IntLike | None = None, long_samples: str = "drop",

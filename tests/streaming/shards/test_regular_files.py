@@ -41,8 +41,7 @@ def special(tmp_path, kind: str) -> str:
     return path
 
 
-WHAT = {"fifo": "a FIFO", "zero": "a character device", "fifo-link": "a FIFO", "directory": "a directory",
-        "socket": "a socket"}
+WHAT = {"fifo": "a FIFO", "zero": "a character device", "fifo-link": "a FIFO", "socket": "a socket"}
 
 
 @pytest.mark.timeout(60)
@@ -55,6 +54,13 @@ def test_index_refuses_what_is_not_a_regular_file(corpus, kind):
     assert os.path.basename(bad) in str(info.value)
     if kind.endswith("link") or kind == "zero":
         assert "symlink" in str(info.value)
+
+
+def test_a_directory_named_like_a_shard_is_searched_for_shards(corpus):
+    tmp_path, paths = corpus
+    bad = special(tmp_path, "directory")  # a directory means the shards under it (as on the command line)
+    with pytest.raises(ValueError, match=r"directory.tar is a directory without .tar shards"):
+        index_shards([paths[0], bad], frames_per_second=FPS, workers=1, progress=False)
 
 
 @pytest.mark.timeout(60)
