@@ -18,8 +18,8 @@ from __future__ import annotations
 import dataclasses
 
 import numpy as np
-from numba import njit
 
+from ..core.jit import njit  # numba's, with a cache that may fail to save (core/jit.py)
 from ..core.plan import Plan
 from .bucketed.common import _helper, _new, _zeros
 

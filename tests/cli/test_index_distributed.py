@@ -35,7 +35,8 @@ def launcher_env(rank: int, world: int, port: int) -> dict[str, str]:
             "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "TORCHELASTIC_RUN_ID": "inherited"}
 
 
-@pytest.mark.timeout(120, method="thread")  # before the fix: 1/2 of the shards, then a wait for rank 0 (torch's 30 minutes)
+# before the fix: 1/2 of the shards, then a wait for rank 0 (torch's 30 minutes)
+@pytest.mark.timeout(120, method="thread")
 def test_an_inherited_rank_indexes_everything_and_says_so(shards, monkeypatch, capsys):
     tmp_path, paths, pattern = shards
     for k, v in launcher_env(1, 2, free_port()).items():  # nothing listens on MASTER_PORT
@@ -91,7 +92,7 @@ def test_two_ranks_split_the_shards_and_rank_0_writes_the_catalog(shards):
     procs = [cli(["index", pattern, "--fps", str(FPS), "--no-progress", "--distributed", "--catalog", catalog],
                  launcher_env(r, 2, port), tmp_path) for r in range(2)]
     outs = [p.communicate(timeout=240) for p in procs]
-    for p, (out, err) in zip(procs, outs):
+    for p, (_, err) in zip(procs, outs):
         assert p.returncode == 0, err
     assert "2 shards (part 0 of 2)" in outs[0][0] and "2 shards (part 1 of 2)" in outs[1][0]
     cat = open_catalog(catalog)

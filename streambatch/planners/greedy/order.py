@@ -4,8 +4,8 @@ and the seed's sort-then-chunk-shuffle ("sortish") ordering."""
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
 
+from ...core.jit import njit  # numba's, with a cache that may fail to save (core/jit.py)
 from ..bucketed.common import _helper, _zeros
 from .mt19937 import _shuffle_slice
 

@@ -10,7 +10,8 @@ no padding, so a sample costs the same in any batch.
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
+
+from ...core.jit import njit  # numba's, with a cache that may fail to save (core/jit.py)
 
 _I64_MAX = np.int64(np.iinfo(np.int64).max)  # a typed global (np.iinfo in a kernel compiles code each time)
 

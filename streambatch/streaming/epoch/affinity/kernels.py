@@ -8,7 +8,8 @@ Batch costs are the integer ``scale * cost`` of ``cost.py`` (code 0: B*L,
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
+
+from ....core.jit import njit  # numba's, with a cache that may fail to save (core/jit.py)
 
 
 @njit(cache=True)
