@@ -76,9 +76,15 @@ def scrub(text: Any) -> str:
     return _AWS_KEY_ID.sub(MASK, out)
 
 
+def secret_header(name: str) -> bool:
+    """Is ``name`` an HTTP header that carries a credential (Authorization, Cookie, X-Api-Key,
+    X-JFrog-Art-Api, Private-Token, ...)?"""
+    return bool(_HEADER_SECRET.search(name))
+
+
 def _header(m: re.Match) -> str:
     name = m.group(1)
-    return m.group(0) if not _HEADER_SECRET.search(name) else name + m.group(2) + MASK
+    return m.group(0) if not secret_header(name) else name + m.group(2) + MASK
 
 
 def scrub_url(url: str) -> str:
