@@ -25,7 +25,7 @@ from ..core.validation import check_flag, check_int, coerce_lengths
 from ..planners import plan_epoch
 from ..planners.elastic import Segments
 from ..planners.epoch import EpochPlan, plan_epoch_steps
-from .distributed import active, agree, resolve_world, will_check
+from .distributed import SEED_RANK, SEED_WORLD, active, agree, resolve_world, warn_seed_defaults, will_check
 from .guard import check_per_rank_sampler
 from .prefetch import prefetching_loader
 from .sampler_state import SamplerStateMixin
@@ -70,8 +70,8 @@ class DynamicBatchSampler(SamplerStateMixin, Sampler[list[int]]):
     """
 
     def __init__(self, lengths: LengthsLike, max_batch_tokens: NumberLike = REQUIRED, max_batch_size: IntLike = 64,
-                 shuffle: FlagLike = True, drop_last: FlagLike = False, rank: IntLike | None = 0,
-                 world_size: IntLike | None = 1, seed: IntLike = 42, *, planner: str = "greedy",
+                 shuffle: FlagLike = True, drop_last: FlagLike = False, rank: IntLike | None = SEED_RANK,
+                 world_size: IntLike | None = SEED_WORLD, seed: IntLike = 42, *, planner: str = "greedy",
                  verify: FlagLike = True, max_length: IntLike | None = None, long_samples: str = "drop",
                  mix: Mix | None = None, **planner_options: Any) -> None:
         failure: BaseException | None = None
@@ -82,6 +82,8 @@ class DynamicBatchSampler(SamplerStateMixin, Sampler[list[int]]):
         try:
             self.verify = check_flag("verify", verify)
             self.rank, world = resolve_world(rank, world_size)
+            if rank is SEED_RANK and world_size is SEED_WORLD:
+                warn_seed_defaults(self)
             self.config = PlanConfig.build(max_batch_tokens, max_batch_size, world, shuffle, drop_last, seed,
                                            planner, planner_options)
             self.lengths = coerce_lengths(lengths)
@@ -101,7 +103,8 @@ class DynamicBatchSampler(SamplerStateMixin, Sampler[list[int]]):
         self._plan_fp: int | None = None  # the plan's fingerprint, computed when a check needs it
         if will_check(verify, world):
             self._plan_fp = plan.fingerprint() if plan is not None else 0  # a plan exactly when no failure
-            agree({"fingerprint": self._plan_fp, "epoch": 0, "start batch": 0}, "the plan of epoch 0", failure)
+            agree({"fingerprint": self._plan_fp, "epoch": 0, "start batch": 0}, "the plan of epoch 0", failure,
+                  layout=(getattr(self, "rank", 0), world))  # (ignored when this rank failed)
         elif failure is not None:
             raise failure
         self.plan: Plan = cast(Plan, plan)  # agree() raised on every rank if any failed to plan
