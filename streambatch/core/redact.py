@@ -10,7 +10,10 @@ credential headers (``X-JFrog-Art-Api``, ``Private-Token``, any hyphenated
 header name with api/token/key/secret/auth/password/session/cookie in it, in
 ``pipe:curl -H ...`` commands), the passwords of command-line flags (curl's
 ``-u``/``--user``/``--proxy-user user:PASSWORD``, wget's ``--password=``,
-``--http-password=``, ``--ftp-password=``, ``--proxy-password=``), Azure
+``--http-password=``, ``--ftp-password=``, ``--proxy-password=``; any long
+flag naming a password, token, secret or API key), secret environment
+assignments in commands (``AWS_SECRET_ACCESS_KEY=...``), secret-named keys
+quoted in a dict's repr (``{'secret': '...'}``), Azure
 connection-string keys (``AccountKey=``, ``SharedAccessSignature=``), Hugging
 Face tokens (``hf_...``) and AWS access key ids.
 
@@ -56,7 +59,16 @@ _HEADER = re.compile(r"(?i)(?<![\w-])([a-z][a-z0-9]*(?:-[a-z0-9]+)+)(\s*:\s*)([^
 _HEADER_SECRET = re.compile(r"(?i)(api|token|key|secret|auth|passw|session|cookie|signature|credential)")
 # curl -u/--user/-U/--proxy-user user:PASSWORD (the user name stays), wget --password=PASSWORD & co.
 _USER_FLAG = re.compile(r"(?<![\w-])((?:-u|-U|--user|--proxy-user)(?:\s+|=)?['\"]?[^\s'\":]*:)[^\s'\"]+")
-_PASSWORD_FLAG = re.compile(r"(?i)(?<![\w-])(--(?:http-|ftp-|proxy-)?password(?:\s+|=)['\"]?)[^\s'\"]+")
+# Long flags whose value is a secret: --password=, --http-password, --http-passwd (wget), --token, --api-key,
+# --client-secret, ...
+_PASSWORD_FLAG = re.compile(r"(?i)(?<![\w-])(--[\w-]*(?:passw(?:or)?d|token|secret|api-?key|access-key)"
+                            r"(?:\s+|=)['\"]?)(?!-)[^\s'\"]+")
+# Environment assignments in a shell command: AWS_SECRET_ACCESS_KEY=..., HF_TOKEN=..., PGPASSWORD=...
+_ENV_SECRET = re.compile(r"(?<![\w-])([A-Z][A-Z0-9_]*(?:SECRET|TOKEN|PASSWORD|PASSWD|ACCESS_KEY|API_KEY|CREDENTIAL)"
+                         r"[A-Z0-9_]*=)['\"]?[^\s'\";]+")
+# A secret-named key quoted in a dict's repr: {'secret': 'abc', "token": "xyz"}
+_QUOTED_PAIR = re.compile(r"(?i)((['\"])[\w-]*(?:key|secret|token|passw|credential|signature|auth|session|cookie|"
+                          r"jwt)[\w-]*\2\s*:\s*)(['\"])(?:(?!\3).)+\3")
 _HF_TOKEN = re.compile(r"\bhf_[A-Za-z0-9]{20,}\b")
 _AWS_KEY_ID = re.compile(r"\b(?:AKIA|ASIA)[0-9A-Z]{16}\b")
 
@@ -71,6 +83,8 @@ def scrub(text: Any) -> str:
     out = _HEADER.sub(_header, out)
     out = _USER_FLAG.sub(r"\1" + MASK, out)
     out = _PASSWORD_FLAG.sub(r"\1" + MASK, out)
+    out = _ENV_SECRET.sub(r"\1" + MASK, out)
+    out = _QUOTED_PAIR.sub(r"\1\3" + MASK + r"\3", out)
     out = _BEARER.sub(r"\1" + MASK, out)
     out = _HF_TOKEN.sub("hf_" + MASK, out)
     return _AWS_KEY_ID.sub(MASK, out)

@@ -43,6 +43,12 @@ def full_text(exc: BaseException) -> str:
     f"pipe:wget -qO- --http-user=alice --http-password={PASSWORD} https://host/a.tar",
     f"pipe:wget -qO- --password {PASSWORD} https://host/a.tar",
     f"pipe:wget -qO- --ftp-password='{PASSWORD}' ftp://host/a.tar",
+    f"pipe:wget -qO- --http-passwd={PASSWORD} https://host/a.tar",
+    f"pipe:hfdl --token {PASSWORD} --repo o/n a.tar",
+    f"pipe:fetch --api-key={PASSWORD} a.tar",
+    f"pipe:AWS_SECRET_ACCESS_KEY={PASSWORD} aws s3 cp s3://b/a.tar -",
+    f"pipe:HF_TOKEN='{PASSWORD}' python -m fetch a.tar",
+    f"storage_options={{'key': 'AKID', 'secret': '{PASSWORD}', \"token\": \"{JWT}\"}}",
     f"https://host/a.tar?code={PASSWORD}",
     f"https://host/a.tar?part=1&code={PASSWORD}",
     f"https://host/a.tar?jwt={JWT}",
@@ -72,6 +78,9 @@ def test_scrub_keeps_what_is_not_a_secret():
         "https://host/a.tar?part=1&shard=2",
         "sample key: 'u00001' at byte 10240",
         "pipe:curl -s -u alice https://host/a.tar",  # a user name alone: curl asks for the password
+        "streambatch index SHARDS --max-batch-tokens 16000 --world-size 8",
+        "{'max_batch_tokens': 4000, 'planner': 'greedy', 'key_field': 3}",
+        "PYTHONPATH=/src python -m x --token-count 3",
     ):
         assert scrub(text) == text, scrub(text)
 
