@@ -203,12 +203,13 @@ class StreamingBatches(IterableDataset):
         its workers. In a DataLoader worker (as torchdata's StatefulDataLoader
         saves it) ``step`` is the next step this worker yields and
         ``skipped`` what this worker skipped. In the main process after
-        DataLoader workers began the epoch's pass it raises RuntimeError: only
-        they know the position. Then save ``StatefulDataLoader.state_dict()``,
-        or your own step count and resume with ``set_start_batch``
-        (``docs/guide/resume.md``: the three ways).
+        DataLoader workers began the epoch's pass it warns (RuntimeWarning):
+        only they know the position, and this state says the pass's start.
+        Then save ``StatefulDataLoader.state_dict()``, or your own step count
+        and resume with ``set_start_batch`` (``docs/guide/resume.md``: the
+        three ways).
         """
-        # epoch, step, worker, num_workers, skipped, elastic history (in the main process: raises if only the
+        # epoch, step, worker, num_workers, skipped, elastic history (in the main process: warns if only the
         # DataLoader workers know the position)
         position = self.progress.state_dict(main=get_worker_info() is None)
         sources = self.plan.source_positions(position["epoch"]) if self.sources is not None else None

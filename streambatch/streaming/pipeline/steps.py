@@ -20,6 +20,7 @@ Stream: ``RankWindow`` per planned window: this process's steps of it and their 
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -110,8 +111,8 @@ class Cursor:
 
 WORKERS_HOLD = (
     "StreamingBatches.state_dict() was called in the main process after DataLoader workers began the pass over "
-    "epoch {epoch}: the workers hold the position, the main process cannot know it (it would say step 0, and "
-    "resuming from it would train the batches trained since again). Save the position one of three ways: "
+    "epoch {epoch}: the workers hold the position, the main process cannot know it (this state says the pass's "
+    "start, and resuming from it would train the batches trained since again). Save the position one of three ways: "
     "torchdata's StatefulDataLoader(ds, batch_size=None, num_workers=N) and its loader.state_dict(); or count the "
     "batches your loop took and resume with ds.set_epoch(epoch) and ds.set_start_batch(step); or iterate with "
     "num_workers=0, where ds.state_dict() is exact. Between epochs, call ds.set_epoch(next_epoch) first: the "
@@ -177,11 +178,12 @@ class Progress:
     def state_dict(self, main: bool = True) -> dict[str, Any]:
         """The position part of the dataset's state (``core/state.py`` keys):
         the latest pass's, or where the next pass over the current epoch starts.
-        ``main``: asked in the main process, which raises when DataLoader workers
+        ``main``: asked in the main process, which warns when DataLoader workers
         began the epoch's pass since it last set a position (only they know it)."""
         c = self.cursor
         if main and self.shared.workers_hold(self.epoch):
-            raise RuntimeError(WORKERS_HOLD.format(epoch=self.epoch))
+            # (a warning, as the sampler's when a loader prefetches: the state is still the epoch's and settings')
+            warnings.warn(WORKERS_HOLD.format(epoch=self.epoch), RuntimeWarning, stacklevel=3)
         if c is None or c.epoch != self.epoch:
             pending = self.shared.pending(self.epoch)
             segments = self.history.get(self.epoch)
