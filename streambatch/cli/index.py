@@ -45,6 +45,24 @@ def launcher_part() -> tuple[int, int] | None:
     return (rank, world) if 0 <= rank < world else None
 
 
+_LAUNCHERS = ("torchrun", "torch.distributed.run", "torch.distributed.launch")
+
+
+def started_by_torchrun() -> bool:
+    """Is this process a worker torchrun's agent started itself (its parent runs torchrun, and the elastic
+    agent's TORCHELASTIC_RUN_ID is set)? A process that a worker started in turn (a subprocess of rank 0) has
+    the same environment but another parent: it is not one of the job's ranks. Linux (/proc) only; elsewhere
+    False (pass --distributed)."""
+    if "TORCHELASTIC_RUN_ID" not in os.environ:
+        return False
+    try:
+        with open(f"/proc/{os.getppid()}/cmdline", "rb") as f:
+            words = f.read().decode(errors="replace").split("\0")
+    except OSError:
+        return False
+    return any(os.path.basename(w) in _LAUNCHERS or w in _LAUNCHERS for w in words[:4])
+
+
 def join_ranks(part: tuple[int, int], timeout: float) -> None:
     """``--distributed``: meet the other ranks (torch.distributed, gloo, env:// rendezvous) before any work,
     waiting at most ``timeout`` seconds, so that a rank that never comes is an error, not a silent wait."""
@@ -87,6 +105,8 @@ def run_index(args: argparse.Namespace) -> int:
         return 0
     part = parse_part(args.part) if args.part else None
     launched = launcher_part()
+    if not args.distributed and not args.part and launched is not None and launched[1] > 1:
+        args.distributed = started_by_torchrun()  # `torchrun ... -m streambatch.cli index`: the ranks split the work
     if args.distributed:
         if args.part or launched is None:
             raise ValueError("--distributed splits the shards over the ranks of a torchrun job, from the RANK and "
@@ -97,9 +117,9 @@ def run_index(args: argparse.Namespace) -> int:
         if part[1] > 1:
             join_ranks(part, args.join_timeout)
     elif launched is not None and launched[1] > 1 and not args.part:
-        print(f"note: RANK={launched[0]}, WORLD_SIZE={launched[1]} are set, but without --distributed this "
-              "process indexes every shard itself (a process started by a training job inherits them); under "
-              "torchrun, pass --distributed to split the work over the ranks", file=sys.stderr)
+        print(f"note: RANK={launched[0]}, WORLD_SIZE={launched[1]} are set, but this process was not started by "
+              "torchrun itself (a process a training job starts inherits them), so it indexes every shard; pass "
+              "--distributed to split the work over the ranks of a job", file=sys.stderr)
     try:
         s = index_shards(shards, length_from=args.length_from, frames_per_second=args.frames_per_second,
                          index_dir=args.index_dir, workers=args.workers,
@@ -269,7 +289,7 @@ def add_parser(sub: Any) -> None:
         "      -s endpoint_url=http://minio:9000\n"
         "  streambatch index 'hf://datasets/org/name/train-{0000..0099}.tar' --fps 50 --index-dir idx/\n"
         "  streambatch index SHARDS --part 3/16 ... ; then: streambatch index SHARDS --merge 16\n"
-        "  torchrun --nnodes 4 --nproc-per-node 8 -m streambatch.cli index SHARDS --fps 50 --distributed"))
+        "  torchrun --nnodes 4 --nproc-per-node 8 -m streambatch.cli index SHARDS --fps 50"))
     ix.add_argument("shards", nargs="+", metavar="SHARD",
                     help="shard paths, brace patterns, URLs or directories (every .tar shard under them)")
     ix.add_argument("--length-from", default=None, metavar="SOURCE",
@@ -295,9 +315,10 @@ def add_parser(sub: Any) -> None:
     ix.add_argument("--no-catalog", action="store_true", help="write sidecars only")
     ix.add_argument("--part", metavar="I/N", help="index only part I of N (shard k with k %% N == I) and write "
                     "catalog part I (one of N machines; --merge N afterwards)")
-    ix.add_argument("--distributed", action="store_true", help="under torchrun: split the shards over the ranks "
-                    "(RANK/WORLD_SIZE), which meet first through torch.distributed; rank 0 merges the catalog. "
-                    "Without it a process indexes every shard, even where RANK/WORLD_SIZE are set")
+    ix.add_argument("--distributed", action="store_true", help="split the shards over the ranks of a torchrun "
+                    "job (RANK/WORLD_SIZE), which meet first through torch.distributed; rank 0 merges the catalog. "
+                    "The default for a process torchrun started itself; a process that merely inherits "
+                    "RANK/WORLD_SIZE (started by a training job) indexes every shard")
     ix.add_argument("--join-timeout", type=positive_float, default=300.0, metavar="SECONDS",
                     help="--distributed: seconds to wait for every rank to start before failing")
     ix.add_argument("--merge", type=whole(1), metavar="N", help="merge the N catalog parts into the catalog "

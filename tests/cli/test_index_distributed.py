@@ -1,10 +1,12 @@
 """``streambatch index`` never waits on a job that is not there (issue 32, item 19).
 
 A process that merely inherits ``RANK``/``WORLD_SIZE`` (a subprocess started by rank 0 of a torchrun job, a
-shell inside one) indexes every shard itself and says why; splitting the work over ranks happens only when asked
-(``--part I/N``, or ``--distributed`` under a launcher), and then the ranks must meet within ``--join-timeout``
-seconds or every process fails naming the fix. The ranks of a real two-process job (rendezvous on 127.0.0.1)
-split the shards and rank 0 writes the whole catalog."""
+shell inside one) indexes every shard itself and says why; the work is split over ranks only for a process
+torchrun started itself, or when asked (``--part I/N``, ``--distributed``), and then the ranks must meet within
+``--join-timeout`` seconds or every process fails naming the fix. The ranks of a real two-process job
+(rendezvous on 127.0.0.1) split the shards and rank 0 writes the whole catalog; a real torchrun job whose rank 0
+runs ``streambatch index`` in a subprocess gets every shard indexed, at once. (``streambatch index`` run by
+torchrun itself, split and merged: ``tests/streaming/io/test_remote.py``.)"""
 
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ import os
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -97,3 +100,36 @@ def test_two_ranks_split_the_shards_and_rank_0_writes_the_catalog(shards):
     assert "2 shards (part 0 of 2)" in outs[0][0] and "2 shards (part 1 of 2)" in outs[1][0]
     cat = open_catalog(catalog)
     assert list(cat.urls) == paths and cat.num_samples == sum(SIZES)
+
+
+CHILD_OF_RANK_0 = """
+import os, subprocess, sys
+import torch.distributed as dist
+dist.init_process_group("gloo")  # the job's process group is up: its store answers on MASTER_PORT
+if dist.get_rank() == 0:  # rank 0 indexes in a subprocess, which inherits RANK=0, WORLD_SIZE=2, MASTER_PORT...
+    out = subprocess.run([sys.executable, "-m", "streambatch.cli", "index", sys.argv[1], "--fps", sys.argv[2],
+                          "--no-progress", "--catalog", sys.argv[3]], capture_output=True, text=True, timeout=120)
+    with open(sys.argv[4], "w") as f:
+        f.write(f"{out.returncode}\\n{out.stdout}\\n{out.stderr}")
+dist.barrier()
+dist.destroy_process_group()
+"""
+
+
+@pytest.mark.slow  # a real torchrun job of two processes, and a third started by its rank 0
+@pytest.mark.timeout(400)
+def test_a_subprocess_of_rank_0_indexes_everything_at_once(shards):
+    tmp_path, paths, pattern = shards
+    script = tmp_path / "job.py"
+    script.write_text(CHILD_OF_RANK_0)
+    catalog, report = str(tmp_path / "s" / "child.catalog.npz"), str(tmp_path / "child.txt")
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    env = {**os.environ, "PYTHONPATH": root, "OMP_NUM_THREADS": "1"}
+    job = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr",
+                          "127.0.0.1", "--master-port", str(free_port()), str(script), pattern, str(FPS), catalog,
+                          report], env=env, capture_output=True, text=True, timeout=360)
+    assert job.returncode == 0, job.stderr[-3000:]
+    code, out = Path(report).read_text().split("\n", 1)
+    assert code == "0", out
+    assert out.startswith("4 shards: 4 indexed") and "RANK=0, WORLD_SIZE=2" in out
+    assert open_catalog(catalog).num_samples == sum(SIZES)
