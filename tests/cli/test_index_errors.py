@@ -155,5 +155,7 @@ def test_unpadded_braces_are_named_a_padding_mistake(tmp_path, capsys):
     assert run(argv, capsys)[0] == 0
     with pytest.raises(FileNotFoundError, match=r"zero padding.*train-\{000000\.\.000001\}\.tar"):
         StreamingBatches(wrong, 16, 8)
+    with pytest.raises(ValueError, match=r"zero padding.*train-\{000000\.\.000001\}\.tar"):
+        index_shards(wrong, progress=False)
     ds = StreamingBatches(wrong.replace("{0..1}", "{000000..000001}"), 16, 8)
     assert ds.catalog.num_samples == 10
