@@ -203,8 +203,9 @@ def rerun_hint(args: argparse.Namespace, message: str) -> str | None:
     if any(fixed):
         shards = [f or t for f, t in zip(fixed, args.shards)]
         example = os.path.basename(expand_urls(next(f for f in fixed if f))[0])
-        return (f"the shard files are numbered with zero padding ({example}; a brace range keeps the digits it is "
-                f"written with): run `{command_line(args, {}, shards)}`")
+        why = "" if "zero padding" in message else (f"the shard files are numbered with zero padding ({example}; a "
+                                                     "brace range keeps the digits it is written with): ")
+        return f"{why}run `{command_line(args, {}, shards)}`"
     if "a fraction" in message and args.frames_per_second is None:
         flags = {"--frames-per-second": str(HINT_FPS)}
         why = f"durations in seconds become lengths of ceil(seconds x {HINT_FPS})"

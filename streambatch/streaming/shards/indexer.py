@@ -331,13 +331,14 @@ def index_shards(urls: UrlsLike, *, length_from: LengthFrom = "json:duration", f
 def _check_padding(given: Any, urls: list[str]) -> None:
     """A brace range written without the files' zero padding (``{0..7}`` for ``{000000..000007}``) names files
     that are not there: say so, with the pattern that names the files, before any work."""
-    fixed = padding_fix(given) if isinstance(given, str) else None
-    gone = [u for u in urls if is_local(u) and not os.path.lexists(local_path(u))] if fixed else []
-    if gone:
-        example = os.path.basename(expand_urls(fixed)[0])
-        raise ShardError(f"no such file: {gone[0]} ({len(gone)} of {len(urls)} shards are missing); the files there "
-                         f"are numbered with zero padding ({example}): write the pattern as {fixed!r} (a brace "
-                         "range keeps the digits it is written with)")
+    for pattern in [given] if isinstance(given, str) else [g for g in given if isinstance(g, str)]:
+        fixed = padding_fix(pattern)
+        gone = [u for u in expand_urls(pattern) if is_local(u) and not os.path.lexists(local_path(u))] if fixed else []
+        if gone:
+            example = os.path.basename(expand_urls(fixed)[0])
+            raise ShardError(f"no such file: {gone[0]} ({len(gone)} of {len(urls)} shards are missing); the files "
+                             f"there are numbered with zero padding ({example}): write the pattern as {fixed!r} (a "
+                             "brace range keeps the digits it is written with)")
 
 
 def parse_part(part: Any) -> tuple[int, int]:
