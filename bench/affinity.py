@@ -48,9 +48,9 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from streambatch.streaming.epoch.affinity.plan import pooled_mask  # noqa: E402
-from streambatch.streaming.epoch.modes import iter_windows  # noqa: E402
-from streambatch.streaming.epoch.windows import WindowConfig  # noqa: E402
+from streambatch.epoch.read_modes import iter_windows  # noqa: E402
+from streambatch.epoch.windows import WindowConfig  # noqa: E402
+from streambatch.planners.shard_affine.planner import pooled_mask  # noqa: E402
 
 from distributions import DISTRIBUTIONS, FRAME_RATE, make_lengths  # noqa: E402
 

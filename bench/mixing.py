@@ -44,13 +44,13 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from streambatch.cli.report import plan_batches, quality  # noqa: E402
 from streambatch.core.mix import Mix, SourceSpec  # noqa: E402
+from streambatch.epoch.elastic import step_samples  # noqa: E402
+from streambatch.epoch.in_memory import plan_epoch_steps  # noqa: E402
+from streambatch.epoch.interleave import step_counts  # noqa: E402
+from streambatch.epoch.mixed_windows import mixed_inputs, source_of_shards  # noqa: E402
+from streambatch.epoch.sample_loop import plan_windows  # noqa: E402
+from streambatch.epoch.windows import WindowConfig  # noqa: E402
 from streambatch.planners import make_plan  # noqa: E402
-from streambatch.planners.elastic import step_samples  # noqa: E402
-from streambatch.planners.epoch import plan_epoch_steps  # noqa: E402
-from streambatch.planners.interleave import step_counts  # noqa: E402
-from streambatch.streaming.epoch.mixes import mixed_inputs, source_of_shards  # noqa: E402
-from streambatch.streaming.epoch.sample_mode import plan_windows  # noqa: E402
-from streambatch.streaming.epoch.windows import WindowConfig  # noqa: E402
 from streambatch.streaming.shards.catalog import Catalog  # noqa: E402
 from streambatch.streaming.shards.sources import SourceCatalog  # noqa: E402
 
@@ -103,7 +103,7 @@ def accuracy(mix: Mix, lengths: np.ndarray, weights: np.ndarray, planner: str, w
     worst = np.zeros(5)
     labels = mix.source_of(np.arange(lengths.shape[0]))
     for e in range(EPOCHS):
-        plan = plan_epoch_steps(lengths, plan_fn(planner), world, SEED, e, mix=mix).plan
+        plan = plan_epoch_steps(lengths, plan_fn(planner), world, SEED, e, mix=mix)[0]
         counts = step_counts(plan, labels, mix.num_sources)
         worst[:3] = np.maximum(worst[:3], prefix_errors(counts[plan.step_order], weights))
         drawn = mix.draw(SEED, e)
@@ -181,7 +181,7 @@ def main() -> None:
             for world in WORLDS:
                 acc = accuracy(mix, lengths, w_arr, planner, world)
                 stream = stream_accuracy(sources, weights, world, planner)
-                qm = np.mean([qual(plan_epoch_steps(lengths, plan_fn(planner), world, SEED, e, mix=mix).plan, lengths)
+                qm = np.mean([qual(plan_epoch_steps(lengths, plan_fn(planner), world, SEED, e, mix=mix)[0], lengths)
                               for e in range(EPOCHS)], axis=0)
                 qc = np.mean([qual(make_plan(lengths, BUDGET, CAP, world, seed=SEED, epoch=e, planner=planner), lengths)
                               for e in range(EPOCHS)], axis=0)
@@ -200,12 +200,12 @@ def main() -> None:
             fn = plan_fn("bucketed")
             full = fn(lengths, w0, SEED, 1)
             k = int(frac * full.num_steps)
-            rest = plan_epoch_steps(lengths, fn, w1, SEED, 1, segments=((w0, k),))
-            trained = np.concatenate([step_samples(full, k), step_samples(rest.plan, rest.plan.num_steps)])
+            rest, _ = plan_epoch_steps(lengths, fn, w1, SEED, 1, segments=((w0, k),))
+            trained = np.concatenate([step_samples(full, k), step_samples(rest, rest.num_steps)])
             once = np.bincount(trained, minlength=lengths.shape[0])
             ok = (once >= 1).all() and (once > 1).sum() <= w1 - 1
-            qa, qf = qual(rest.plan, lengths), qual(fn(lengths, w1, SEED, 1), lengths)
-            print(f"| {name} | {w0} -> {w1} at {frac:.0%} | {k} / {rest.plan.num_steps} | {qa[0]:.3f} / {qf[0]:.3f} "
+            qa, qf = qual(rest, lengths), qual(fn(lengths, w1, SEED, 1), lengths)
+            print(f"| {name} | {w0} -> {w1} at {frac:.0%} | {k} / {rest.num_steps} | {qa[0]:.3f} / {qf[0]:.3f} "
                   f"| {qa[1]:.3f} / {qf[1]:.3f} | {'yes' if ok else 'NO'} |")
 
 

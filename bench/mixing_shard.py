@@ -30,12 +30,12 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from mixing import REAL, memory_catalog, prefix_errors, real  # noqa: E402
 
 from streambatch.core.mix import Mix, SourceSpec  # noqa: E402
-from streambatch.planners.interleave import step_counts  # noqa: E402
-from streambatch.streaming.epoch.mixes import mixed_inputs, source_of_shards  # noqa: E402
-from streambatch.streaming.epoch.modes import READ_MODES  # noqa: E402
-from streambatch.streaming.epoch.sample_mode import plan_windows  # noqa: E402
-from streambatch.streaming.epoch.shard_mode import plan_affine  # noqa: E402
-from streambatch.streaming.epoch.windows import WindowConfig  # noqa: E402
+from streambatch.epoch.interleave import step_counts  # noqa: E402
+from streambatch.epoch.mixed_windows import mixed_inputs, source_of_shards  # noqa: E402
+from streambatch.epoch.read_modes import READ_MODES  # noqa: E402
+from streambatch.epoch.sample_loop import plan_windows  # noqa: E402
+from streambatch.epoch.shard_loop import plan_affine  # noqa: E402
+from streambatch.epoch.windows import WindowConfig  # noqa: E402
 from streambatch.streaming.shards.sources import SourceCatalog  # noqa: E402
 
 from distributions import make_lengths  # noqa: E402

@@ -163,7 +163,11 @@ def mix_hashes() -> dict[str, str]:
     from streambatch import make_plan
     from streambatch.core.mix import Mix, SourceSpec
     from streambatch.core.shuffle import permutation_slice
-    from streambatch.planners.interleave import interleave_steps
+
+    try:
+        from streambatch.epoch.interleave import interleave_steps
+    except ImportError:  # a checkout from before the plan layer moved (compare --old)
+        from streambatch.planners.interleave import interleave_steps
 
     out = {}
     cases = [((150, 150), None), ((1000, 70_000), None), ((5, 3, 200_000), [SourceSpec(weight=w) for w in (1, 2, 3)]),
@@ -214,9 +218,30 @@ def hash_hashes() -> dict[str, str]:
     return out
 
 
+def _affine_window_fn():
+    """plan_affine_window(carry, holder, new, max_batch_tokens, max_batch_size, world, shuffle, final, drop_last,
+    seed, options, groups), in this checkout's layout (since the plan layer moved: the planner's own signature,
+    the options resolved once into the configuration's batch rule)."""
+    try:
+        from streambatch.core.config import PlanConfig
+        from streambatch.planners.shard_affine.planner import plan_affine_window
+    except ImportError:  # a checkout from before the plan layer moved (compare --old)
+        from streambatch.streaming.epoch.affinity.plan import plan_affine_window
+
+        return plan_affine_window
+
+    def call(carry, holder, new, tokens, size, w, shuffle, final, drop_last, seed, options, groups):
+        config = PlanConfig.build(tokens, size, planner="shard_affine", planner_options=options)
+        return plan_affine_window(carry, holder, new, config.limits, w, shuffle, final, drop_last, seed,
+                                  config.resolved_options["bucket_width"], groups)
+
+    return call
+
+
 def affinity_hashes() -> dict[str, str]:
     from streambatch.core.cost import CostModel
-    from streambatch.streaming.epoch.affinity.plan import plan_affine_window
+
+    plan_affine_window = _affine_window_fn()
 
     out = {}
     rs = np.random.default_rng(11)

@@ -66,8 +66,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from streambatch.core.cost import CostModel  # noqa: E402
-from streambatch.planners import PLANNERS, make_plan, register_planner  # noqa: E402
-from streambatch.planners.bucketed.plan import plan_bucketed  # noqa: E402
+from streambatch.planners import make_plan  # noqa: E402
 
 from distributions import DISTRIBUTIONS, FRAME_RATE, make_lengths  # noqa: E402
 
@@ -78,9 +77,6 @@ CAP = 64
 WORLDS = (8, 64)
 SEED = 0
 EPOCHS = 3  # every figure is a mean over epochs 0-2 (randomness: over epochs 0->1, 1->2)
-
-if "bucketed" not in PLANNERS:
-    register_planner("bucketed", plan_bucketed)
 
 
 def steps_of(plan) -> list[list[np.ndarray]]:

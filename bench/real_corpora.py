@@ -120,8 +120,8 @@ def window_metrics(lengths: np.ndarray, w: int, window_samples: int, shard_size:
     """``plan_metrics`` of an epoch planned window by window, as
     ``StreamingBatches`` plans it: the lengths cut into shards of
     ``shard_size`` (in corpus order), no tar needed."""
-    from streambatch.streaming.epoch.modes import iter_windows
-    from streambatch.streaming.epoch.windows import WindowConfig
+    from streambatch.epoch.read_modes import iter_windows
+    from streambatch.epoch.windows import WindowConfig
 
     bounds = np.arange(0, lengths.size + shard_size, shard_size).clip(max=lengths.size)
     shards = [lengths[a:b] for a, b in zip(bounds, bounds[1:]) if b > a]

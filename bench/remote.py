@@ -27,13 +27,12 @@ import time
 import numpy as np
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.join(HERE, "..", "tests"))
+sys.path.insert(0, os.path.join(HERE, ".."))  # the repository root: tests.support
 
 from streambatch.cli.corpus import make_shards  # noqa: E402
 from streambatch.streaming import StreamingBatches, index_shards  # noqa: E402
 from streambatch.streaming.shards.catalog_file import catalog_arrays, write_catalog  # noqa: E402
-
-from servers import FaultProxy, nginx_server  # noqa: E402
+from tests.support.servers import FaultProxy, nginx_server  # noqa: E402
 
 BUDGET, CAP, FPS = 16000, 64, 50
 MODES = ["sample", "shard"] if "read_mode" in inspect.signature(StreamingBatches).parameters else ["sample"]

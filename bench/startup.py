@@ -52,7 +52,7 @@ def plan():
     # "PLANNER+mix": a mixed epoch - a large source (Feistel order) and a small one (Fisher-Yates)
     # drawn, planned and interleaved
     from streambatch.core.mix import Mix
-    from streambatch.planners.interleave import interleave_steps, source_labels
+    from streambatch.epoch.interleave import interleave_steps, source_labels
     mix = Mix.build((lengths.shape[0] - 20_000, 20_000))
     drawn = mix.draw(42, 0)
     p = make_plan(lengths[drawn], 16000, 64, 8, planner=planner)

@@ -60,9 +60,9 @@ from quality import lhotse_planner, steps_from_stream, steps_of  # noqa: E402
 
 from streambatch.cli.metrics import Batches, time_report  # noqa: E402
 from streambatch.core.cost import CostModel  # noqa: E402
+from streambatch.epoch.read_modes import READ_MODES, iter_windows  # noqa: E402
+from streambatch.epoch.windows import WindowConfig  # noqa: E402
 from streambatch.planners import make_plan  # noqa: E402
-from streambatch.streaming.epoch.modes import READ_MODES, iter_windows  # noqa: E402
-from streambatch.streaming.epoch.windows import WindowConfig  # noqa: E402
 
 FPS = 50
 REAL = os.path.join(os.path.dirname(__file__), "..", "..", "shared", "data", "real-lengths")

@@ -17,7 +17,7 @@ batches, rank 0's state is loaded by every rank of a second world (another
 size), which finishes the epoch. The digest covers every rank's batches in
 order: keys, member names and a sha256 of each member's bytes, plus ``len``
 and the final state. The shards are written to a temporary folder by
-``tests/shards.py`` (fixed seeds, so the same bytes on every run).
+``tests/support/shards.py`` (fixed seeds, so the same bytes on every run).
 """
 
 from __future__ import annotations
@@ -34,11 +34,10 @@ import time
 import numpy as np
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.join(HERE, "..", "tests"))
+sys.path.insert(0, os.path.join(HERE, ".."))  # the repository root: tests.support
 
 from streambatch.streaming import Source, StreamingBatches, index_shards  # noqa: E402
-
-from shards import FPS, write_corpus  # noqa: E402
+from tests.support.shards import FPS, write_corpus  # noqa: E402
 
 
 def corpora(root: str) -> dict[str, str]:

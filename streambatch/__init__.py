@@ -16,6 +16,9 @@ _LAZY = {
     "DynamicBatchSampler": ".torch_glue.sampler",
     "StreamingBatches": ".streaming",
     "Source": ".streaming",
+    "Shar": ".streaming",
+    "NemoTarred": ".streaming",
+    "Parquet": ".streaming",
     "index_shards": ".streaming",
     "IndexSummary": ".streaming",
     "ShardError": ".streaming",
@@ -26,6 +29,9 @@ _LAZY = {
     "decode_audio": ".streaming",
     "GlobalBatchSampler": ".integrations.accelerate",
     "seconds_to_frames": ".core.units",
+    "MemoryModel": ".core.memory",
+    "LimitCurve": ".core.limits",
+    "PreflightError": ".torch_glue.preflight",
 }
 
 __all__ = ["CostModel", "Mix", "Plan", "PLANNERS", "make_plan", *_LAZY]

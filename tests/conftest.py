@@ -8,10 +8,10 @@ from __future__ import annotations
 import hashlib
 import os
 import shutil
-import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)  # helpers, shards, roundtrip
+# the shared corpus fixture (make_corpus) and helpers live in tests/support/, imported as tests.support.*
+pytest_plugins = ("tests.support.corpus",)
 # gcsfs reads this at import: without it every gs:// bucket first waits 60 s for a gRPC probe that
 # fake-gcs-server cannot answer (tests/cloud_servers.py)
 os.environ.setdefault("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")

@@ -1,6 +1,8 @@
-"""The package's import graph (issue 18): no upward import between layers
-(core <- planners <- torch_glue / streaming <- integrations / cli), no cycle
-among module-level imports, and no cycle hidden by a function-level import."""
+"""The package's import graph (issues 18, 31): no upward import between layers
+(core <- planners <- epoch <- torch_glue / streaming <- integrations / cli), no
+planner importing a sibling (they share planners/toolkit.py), the plan layer and
+the streaming glue free of Numba, no cycle among module-level imports, and no
+cycle hidden by a function-level import."""
 
 from __future__ import annotations
 
@@ -8,7 +10,7 @@ import ast
 import os
 
 ROOT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "streambatch")
-LAYER = {"core": 0, "planners": 1, "torch_glue": 2, "streaming": 2, "integrations": 3, "cli": 3}
+LAYER = {"core": 0, "planners": 1, "epoch": 2, "torch_glue": 3, "streaming": 3, "integrations": 4, "cli": 4}
 
 
 def modules() -> dict[str, str]:
@@ -74,7 +76,7 @@ def test_no_upward_imports():
             a, b = layer(m), layer(target)
             if a is not None and b is not None and b > a:
                 bad.append(f"{m} -> {target}")
-            if a == b == 2 and m.startswith("streambatch.torch_glue") and target.startswith("streambatch.streaming"):
+            if a == b == 3 and m.startswith("streambatch.torch_glue") and target.startswith("streambatch.streaming"):
                 bad.append(f"{m} -> {target} (streaming builds on torch_glue, not the reverse)")
     assert not bad, "upward imports:\n" + "\n".join(sorted(bad))
 
@@ -133,7 +135,7 @@ def test_function_level_imports_are_lazy_for_start_up():
     # and says so; one that only hid a cycle must be a module-level import now (the graph has no cycles).
     bad = []
     for m, path in MODULES.items():
-        if layer(m) not in (0, 1, 2):  # the command line and integrations import lazily to keep --help fast
+        if layer(m) not in (0, 1, 2, 3):  # the command line and integrations import lazily to keep --help fast
             continue
         with open(path) as f:
             text = f.read().splitlines()
@@ -147,8 +149,9 @@ def test_function_level_imports_are_lazy_for_start_up():
 
 
 # streaming's parts, lowest first: a module imports its own part and the parts before it, never one after
-# (the stages read downward: catalog (shards) -> epoch plan -> the pass's stages (pipeline) -> the dataset).
-STREAMING = ("errors", "formats", "io", "runtime", "shards", "epoch", "pipeline", "options", "dataset")
+# (the stages read downward: catalog (shards) -> the pass's stages (pipeline) -> the dataset; the epoch plan is the
+# plan layer's, streambatch.epoch).
+STREAMING = ("errors", "formats", "io", "runtime", "shards", "pipeline", "options", "dataset")
 
 
 def streaming_part(module: str) -> str | None:
@@ -170,9 +173,84 @@ def test_streaming_parts_import_downward():
     assert {streaming_part(m) for m in MODULES} - {None} == set(STREAMING)  # every part has its place
 
 
+def planner_of(module: str) -> str | None:
+    """The planner (sub-package of streambatch.planners) a module belongs to, or None."""
+    parts = module.split(".")
+    if len(parts) > 2 and parts[1] == "planners" and os.path.isdir(os.path.join(ROOT, "planners", parts[2])):
+        return parts[2]
+    return None
+
+
+def test_no_planner_imports_a_sibling():
+    # A planner imports its own modules, the shared ones beside it (base, options, toolkit, step_order, ...) and
+    # the layers below; never another planner, nor the registry package that imports every planner. Planners
+    # compose through the registry at run time (core/registry.py), e.g. the shard-affine planner's pools.
+    bad = []
+    for m in MODULES:
+        own = planner_of(m)
+        if not m.startswith("streambatch.planners."):
+            continue
+        for target, _ in imports(m):
+            other = planner_of(target)
+            if target == "streambatch.planners" or (other is not None and other != own):
+                bad.append(f"{m} -> {target}")
+    assert not bad, "planners importing a sibling (or shared code importing a planner):\n" + "\n".join(sorted(bad))
+    assert {p for m in MODULES if (p := planner_of(m))} >= {"greedy", "bucketed", "shard_affine"}
+
+
+def test_the_plan_layer_and_the_glue_hold_no_kernels():
+    # Numba lives in the planners (and core's hashing and shuffles); the plan layer (epoch) is numpy, and
+    # streaming touches bytes: no kernels, and no planner chosen by name (the read-mode registry and the
+    # planners' own constants name them).
+    import ast
+
+    from streambatch.planners import PLANNERS
+
+    bad = []
+    for m, path in MODULES.items():
+        if not m.startswith(("streambatch.epoch", "streambatch.streaming")):
+            continue
+        with open(path) as f:
+            tree = ast.parse(f.read())
+        docstrings = {id(n.body[0].value) for n in ast.walk(tree)
+                      if isinstance(n, (ast.Module, ast.FunctionDef, ast.ClassDef, ast.AsyncFunctionDef))
+                      and n.body and isinstance(n.body[0], ast.Expr) and isinstance(n.body[0].value, ast.Constant)}
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.Import, ast.ImportFrom)):
+                names = [a.name for a in node.names] + [getattr(node, "module", None) or ""]
+                if any(n == "numba" or n.startswith("numba.") for n in names):
+                    bad.append(f"{m}:{node.lineno}: imports numba")
+            if (m.startswith("streambatch.streaming") and isinstance(node, ast.Constant)
+                    and id(node) not in docstrings and node.value in PLANNERS):
+                bad.append(f"{m}:{node.lineno}: names the planner {node.value!r}")
+    assert not bad, "\n".join(bad)
+
+
 def test_the_graph_sees_imports():
     # the walker finds the edges it is about (a test that cannot fail by seeing none)
     edges = {t for t, _ in imports("streambatch.streaming.dataset")}
-    assert "streambatch.streaming.epoch.windows" in edges and "streambatch.core.config" in edges
-    assert layer("streambatch.cli.main") == 3 and layer("streambatch.core.cost") == 0
-    assert function_level_imports("streambatch.streaming.epoch.sample_mode")  # (the lazy interleaver import)
+    assert "streambatch.epoch.windows" in edges and "streambatch.core.config" in edges
+    assert layer("streambatch.cli.main") == 4 and layer("streambatch.core.cost") == 0
+    assert layer("streambatch.epoch.epoch_plan") == 2
+    assert function_level_imports("streambatch.epoch.sample_loop")  # (the lazy interleaver import)
+    assert planner_of("streambatch.planners.bucketed.steps") == "bucketed"
+    assert planner_of("streambatch.planners.base") is None
+    edges = {t for t, _ in imports("streambatch.planners.shard_affine.planner")}
+    assert "streambatch.planners.options" in edges and "streambatch.planners.shard_affine.holders" in edges
+    assert {t for t, _ in imports("streambatch.planners.greedy.placement")} >= {"streambatch.planners.toolkit"}
+
+
+def test_no_two_classes_share_a_name():
+    # one name, one class: a reader who greps a name finds the one thing it means (there were two EpochPlans)
+    import ast
+    import collections
+
+    where = collections.defaultdict(list)
+    for m, path in MODULES.items():
+        with open(path) as f:
+            for node in ast.walk(ast.parse(f.read())):
+                if isinstance(node, ast.ClassDef):
+                    where[node.name].append(m)
+    twice = {name: ms for name, ms in where.items() if len(ms) > 1}
+    assert not twice, twice
+    assert len(where["EpochPlan"]) == 1 and where["EpochPlan"] == ["streambatch.epoch.epoch_plan"]

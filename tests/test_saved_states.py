@@ -11,19 +11,16 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 
 import pytest
 
+from streambatch import DynamicBatchSampler
+from streambatch.streaming import Source, StreamingBatches
+from tests.support.corpus import index_corpus
+from tests.support.helpers import lognormal_lengths
+from tests.support.shards import write_corpus
+
 HERE = os.path.dirname(os.path.abspath(__file__))
-if HERE not in sys.path:  # run as a script
-    sys.path.insert(0, HERE)
-
-from streambatch import DynamicBatchSampler  # noqa: E402
-from streambatch.streaming import Source, StreamingBatches, index_shards  # noqa: E402
-
-from helpers import lognormal_lengths  # noqa: E402
-from shards import FPS, write_corpus  # noqa: E402
 
 DATA = os.path.join(HERE, "data", "states")
 BUDGET, CAP = 400, 6
@@ -36,7 +33,7 @@ def corpora() -> dict[str, str]:
     out = {}
     for name, sizes, seed in (("a", [21, 17, 0, 25, 19, 23, 14, 22], 17), ("b", [9, 14, 7, 12], 4)):
         brace, _, _ = write_corpus(name, sizes, seed=seed, prefix=name)
-        index_shards(brace, frames_per_second=FPS, workers=1, progress=False)
+        index_corpus(brace)
         out[name] = brace
     return out
 

@@ -59,7 +59,7 @@ print(json.dumps(out))
 @pytest.mark.slow  # fresh interpreters (subprocesses): the slow tier, with the other subprocess runs
 def test_import_loads_no_numba_and_no_kernel_module():
     kernels = kernel_modules()
-    assert "streambatch.planners.greedy.kernels" in kernels and "streambatch.core.shuffle" in kernels
+    assert "streambatch.planners.greedy.placement" in kernels and "streambatch.core.shuffle" in kernels
     env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
     run = subprocess.run([sys.executable, "-c", _CHILD, json.dumps(kernels)], capture_output=True, text=True,
                          env=env, timeout=300, cwd=ROOT)
@@ -87,11 +87,11 @@ def test_warmup_compiles_every_kernel(capsys):
     assert capsys.readouterr().out.startswith("warmed ")
     sigs = kernel_signatures()
     # the kernels each planner, the mixer, the interleaver, hashing and the affinity walker call
-    for name in ("streambatch.planners.greedy.kernels.greedy_steps", "streambatch.planners.bucketed.kernels.plan_steps",
+    for name in ("streambatch.planners.greedy.placement.greedy_steps", "streambatch.planners.bucketed.steps.plan_steps",
                  "streambatch.planners.bucketed.sort.bucket_sort", "streambatch.core.shuffle.fisher_yates_range",
                  "streambatch.core.hashing.hash_array", "streambatch.core.shuffle.feistel_range",
-                 "streambatch.planners.interleave.deficit_order",
-                 "streambatch.streaming.epoch.affinity.kernels.affine_steps",
-                 "streambatch.planners.packed.kernels.pack_steps",
-                 "streambatch.streaming.epoch.affinity.kernels.packed_affine_steps"):
+                 "streambatch.planners.step_order.deficit_order",
+                 "streambatch.planners.shard_affine.walk.affine_steps",
+                 "streambatch.planners.bucketed.packed_steps.pack_steps",
+                 "streambatch.planners.shard_affine.walk.packed_affine_steps"):
         assert sigs.get(name, 0) >= 1, name

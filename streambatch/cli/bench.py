@@ -26,7 +26,7 @@ from . import timing
 from .args import Formatter, whole
 
 
-class Progress:
+class SweepProgress:
     """One progress bar over named steps: tqdm on a terminal (if installed), else a line per step."""
 
     def __init__(self, total: int):
@@ -96,7 +96,7 @@ def run_bench(args: argparse.Namespace) -> int:
     print(f"Audio-like lengths (log-normal 0.5-30 s at 50 frames/s), budget {timing.BUDGET:,} frames, "
           f"at most {timing.CAP} per batch; warm, one thread, best of "
           f"{args.repeats or '3 (1 from N = 10M)'} runs.\n")
-    progress = Progress(len(planners) * len(sizes) * len(worlds) + seed_runs)
+    progress = SweepProgress(len(planners) * len(sizes) * len(worlds) + seed_runs)
     try:
         rows = sweep(sizes, worlds, planners, args.repeats, progress.step)
         seed_rows = timing.versus_seed(args.seed_n, args.seed_worlds, planners, progress.step) \

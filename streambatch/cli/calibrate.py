@@ -1,45 +1,29 @@
-"""``streambatch calibrate``: time the user's training step and fit the step cost model planners use."""
+"""``streambatch calibrate``: time the user's training step and fit the step cost model planners use;
+``--memory``: measure its peak memory, fit the memory model and draw the limit curve (``calibrate_memory.py``)."""
 
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
-import os
 import sys
 from typing import Any
 
+from ..torch_glue.step_script import load_step
 from .args import Formatter, positive_float, whole
+from .calibrate_memory import add_memory_args
 
-
-def load_step(spec: str):
-    """``FILE.py:FUNC`` -> the step function ``FUNC()`` returns: ``step(batch_size, length)``
-    runs one forward + backward + optimizer step on a batch of that shape."""
-    path, sep, name = spec.rpartition(":")
-    if not sep or not path.endswith(".py") or not name.isidentifier():
-        raise ValueError(f"--script takes FILE.py:FUNCTION (e.g. my_step.py:make_step), got {spec!r}")
-    if not os.path.isfile(path):
-        raise ValueError(f"--script {spec!r}: no such file {path!r}")
-    module_spec = importlib.util.spec_from_file_location("streambatch_user_step", path)
-    module = importlib.util.module_from_spec(module_spec)
-    sys.path.insert(0, os.path.dirname(os.path.abspath(path)))  # the script's own imports, as `python FILE` would
-    try:
-        module_spec.loader.exec_module(module)
-    finally:
-        sys.path.pop(0)
-    make = getattr(module, name, None)
-    if not callable(make):
-        raise ValueError(f"--script {spec!r}: {path} defines no function {name!r}")
-    step = make()
-    if not callable(step):
-        raise TypeError(f"--script {spec!r}: {name}() must return a function step(batch_size, length), "
-                        f"got {type(step).__name__}")
-    return step
+__all__ = ["add_parser", "load_step", "run_calibrate"]
 
 
 def run_calibrate(args: argparse.Namespace) -> int:
     from ..core.cost import CostModel
 
+    if args.memory:
+        from .calibrate_memory import run_memory
+
+        return run_memory(args)
+    if args.output is None:
+        args.output = "cost.json"
     step = load_step(args.script)
     model = CostModel.fit(step, max_batch_tokens=args.max_batch_tokens, max_length=args.max_length,
                           max_batch_size=args.max_batch_size, repeats=args.repeats, warmup=args.warmup,
@@ -75,8 +59,14 @@ def add_parser(sub: Any) -> None:
         "      def step(b, L):\n"
         "          x = torch.randn(b, L, 80); loss = model(x).mean(); loss.backward(); opt.step(); opt.zero_grad()\n"
         "      return step\n\n"
-        "example:\n"
-        "  streambatch calibrate --script bench/model.py:make_step --max-batch-tokens 16000 --max-length 1500"))
+        "--memory measures the step's peak memory instead (CUDA: torch.cuda.max_memory_allocated; CPU: the\n"
+        "peak resident memory of a fresh process per shape, the weaker measurement), fits\n"
+        "bytes = m0 + m1*B*L + m2*B*L^2, searches the largest batch that fits at a few lengths (as NeMo's\n"
+        "OOMptimizer) and writes the model and its limit curve (the largest batch per length) as JSON.\n\n"
+        "examples:\n"
+        "  streambatch calibrate --script bench/model.py:make_step --max-batch-tokens 16000 --max-length 1500\n"
+        "  streambatch calibrate --memory --script bench/model.py:make_step --max-batch-tokens 16000 \\\n"
+        "      --max-length 1500 --memory-limit 4GiB"))
     c.add_argument("--script", required=True, metavar="FILE.py:FUNC", help="what builds your step function")
     c.add_argument("--max-batch-tokens", type=whole(1), required=True, metavar="T", help="the budget you plan with")
     c.add_argument("--max-length", type=whole(1), required=True, metavar="L",
@@ -86,6 +76,9 @@ def add_parser(sub: Any) -> None:
     c.add_argument("--warmup", type=whole(0), default=2, metavar="N", help="untimed calls of the largest shape first")
     c.add_argument("--max-seconds", type=positive_float, default=300.0, metavar="S",
                    help="bound on the whole timing; shapes left then are dropped")
-    c.add_argument("-O", "--output", default="cost.json", metavar="FILE.json", help="where the fitted model goes")
+    c.add_argument("-O", "--output", metavar="FILE.json",
+                   help="where the fitted model goes (default: cost.json; memory.json with --memory)")
     c.add_argument("--json", action="store_true", help="print the fit as one JSON object")
+    m = c.add_argument_group("memory (--memory: the peak memory of the step instead of its time)")
+    add_memory_args(m)
     c.set_defaults(run=("calibrate", "run_calibrate"))

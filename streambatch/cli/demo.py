@@ -150,7 +150,7 @@ def check_demo_dir(path: str, force: bool) -> None:
 def planned_batches(catalog, config, epoch: int = 0):
     """Batches (see ``metrics.Batches``) of the epoch StreamingBatches streams
     with ``config``, planned window by window from the sidecar lengths alone."""
-    from ..streaming.epoch.modes import iter_windows
+    from ..epoch.read_modes import iter_windows
     from .metrics import Batches, plan_batches
 
     parts = []

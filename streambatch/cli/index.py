@@ -10,6 +10,7 @@ from typing import Any
 
 from ..core.redact import scrub
 from .args import Formatter, positive_float, whole
+from .formats import corpus_of, describe_corpus
 from .plan import shard_list
 from .report import audio_time
 
@@ -86,8 +87,12 @@ def run_index(args: argparse.Namespace) -> int:
     from ..streaming.shards.indexer import index_shards, merge_catalog, parse_part
     from ..streaming.shards.sidecar import default_index_dir
 
-    shards = [u for text in args.shards for u in shard_list(text)]
     options = storage_options(args.storage_option) or None
+    found = corpus_of(args.shards[0], args.format) if len(args.shards) == 1 else None
+    if found is not None:  # Shar, NeMo, Parquet: lengths in their own metadata, nothing to write
+        describe_corpus(args.shards[0], found, args.length_from, args.frames_per_second, options)
+        return 0
+    shards = [u for text in args.shards for u in shard_list(text)]
     if args.length_from is None and args.frames_per_second is None:
         recorded = recorded_length_source(shards, args.index_dir, options)
         if recorded is not None:  # re-indexing keeps the lengths the sidecars were made with
@@ -325,4 +330,7 @@ def add_parser(sub: Any) -> None:
     ix.add_argument("--merge", type=whole(1), metavar="N", help="merge the N catalog parts into the catalog "
                     "(after every --part run finished)")
     ix.add_argument("--no-progress", action="store_true", help="no progress bar")
+    ix.add_argument("--format", choices=("webdataset", "shar", "nemo", "parquet"), default=None,
+                    help="the corpus format (default: detected); Shar, NeMo and Parquet corpora need no index: "
+                         "their lengths are read and summarised")
     ix.set_defaults(run=("index", "run_index"))

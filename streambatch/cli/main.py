@@ -1,4 +1,4 @@
-"""The ``streambatch`` command line: ``demo``, ``plan``, ``bench``, ``index`` and ``calibrate``.
+"""The ``streambatch`` command line: ``demo``, ``plan``, ``bench``, ``index``, ``calibrate`` and ``preflight``.
 
 Thin glue: argument parsing, one-line errors and printing. The work is done
 by ``make_plan``, the streaming package and one module per subcommand in
@@ -25,7 +25,7 @@ from .args import PROG, Formatter, Parser
 
 def build_parser() -> argparse.ArgumentParser:
     from ..planners import PLANNERS, SEED_EXACT
-    from . import bench, calibrate, demo, index, plan, warmup
+    from . import bench, calibrate, demo, index, plan, preflight, warmup
 
     planners = sorted(PLANNERS)
     p = Parser(prog=PROG, formatter_class=Formatter, description=(
@@ -35,6 +35,8 @@ def build_parser() -> argparse.ArgumentParser:
         "  streambatch bench                                  planning speed at scale\n"
         "  streambatch index 'shards-{000000..000099}.tar'    write sidecar indexes for streaming\n"
         "  streambatch calibrate --script my_step.py:make_step  fit the cost of your model's step\n"
+        "  streambatch calibrate --memory --script ...        fit its peak memory and the limit per length\n"
+        "  streambatch preflight LENGTHS --script ...         run a plan's worst batches before training\n"
         "  streambatch warmup                                 compile every kernel into the Numba cache"))
     p.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     sub = p.add_subparsers(dest="command", metavar="COMMAND", required=True)
@@ -43,6 +45,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_parser(sub, planners)
     index.add_parser(sub)
     calibrate.add_parser(sub)
+    preflight.add_parser(sub, planners, SEED_EXACT)
     warmup.add_parser(sub)
     return p
 

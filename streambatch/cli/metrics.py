@@ -174,7 +174,7 @@ def mix_shares(plan: Plan, mix: Any) -> tuple[np.ndarray, np.ndarray]:
     """(S,) share of each source among the samples a mixed plan trains on
     (padding included), over the epoch and over its first 10 % of steps.
     The plan's samples index the sources' concatenated lengths."""
-    from ..planners.interleave import step_counts
+    from ..epoch.interleave import step_counts
 
     labels = mix.source_of(np.arange(sum(mix.sizes)))
     counts = step_counts(plan, labels, mix.num_sources)[plan.step_order]

@@ -8,7 +8,6 @@ the report is ``streambatch.report``'s.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import os
 import re
@@ -47,13 +46,21 @@ def shard_list(text: str) -> list[str]:
     return [text]
 
 
-def load_inputs(inputs: list[str], field: str | None, fps: float | None, index_dir: str | None
-                ) -> tuple[np.ndarray, str, float | None]:
+def load_inputs(inputs: list[str], field: str | None, fps: float | None, index_dir: str | None,
+                fmt: str | None = None) -> tuple[np.ndarray, str, float | None]:
     """(N,) int64 lengths of all inputs in order, where they came from, and
-    frames per second (given, or read from the shards' sidecars) or None."""
+    frames per second (given, or read from the shards' sidecars) or None.
+    Corpora of other formats (Shar, NeMo, Parquet: ``formats.py``) plan from their own metadata."""
+    from .formats import corpus_lengths, corpus_of
     from .manifest import read_lengths
 
     parts, names = [], []
+    corpora = {text: found for text in inputs if (found := corpus_of(text, fmt)) is not None}
+    for text, found in corpora.items():
+        lens, name = corpus_lengths(text, found, field, fps)
+        parts.append(lens)
+        names.append(name)
+    inputs = [text for text in inputs if text not in corpora]
     shards = [s for text in inputs if is_shards(text) for s in shard_list(text)]
     files = [text for text in inputs if not is_shards(text)]
     if shards:
@@ -114,7 +121,7 @@ def load_mix(args: argparse.Namespace) -> tuple[np.ndarray, str, float | None, A
     sources = parse_mix(args.mix)
     parts, names, fps = [], [], args.frames_per_second
     for text, _, _ in sources:
-        lens, name, got = load_inputs([text], args.field, fps, args.index_dir)
+        lens, name, got = load_inputs([text], args.field, fps, args.index_dir, args.format)
         fps = fps or got
         parts.append(lens)
         names.append(name.split(" (")[0])
@@ -127,8 +134,8 @@ def load_mix(args: argparse.Namespace) -> tuple[np.ndarray, str, float | None, A
 def run_plan(args: argparse.Namespace) -> int:
     from ..core.config import PlanConfig
     from ..core.long_samples import check_max_length, too_long
-    from ..planners import get_planner, make_plan, plan_epoch
-    from ..planners.epoch import plan_epoch_steps
+    from ..epoch.in_memory import InMemory
+    from ..planners import make_plan
     from .figures import check_figure_path, plot_plan
     from .metrics import epoch_time_bound, format_time_report, mix_shares, plan_batches, quality, time_report
     from .outliers import find_outliers
@@ -136,10 +143,9 @@ def run_plan(args: argparse.Namespace) -> int:
 
     plot = check_figure_path(args.plot) if args.plot else None
     options = dict(args.planner_option)
-    planner = get_planner(args.planner)
-    packed = planner.packs(planner.resolve(options))  # sum(L) <= budget batches: metrics without padding
     config = PlanConfig.build(args.max_batch_tokens, args.max_batch_size, args.world_size, not args.no_shuffle,
                               args.drop_last, args.seed, args.planner, options)
+    packed = config.limits.pack  # sum(L) <= budget batches: metrics without padding
     mix = None
     if args.mix:
         lengths, source, fps, mix, names = load_mix(args)
@@ -148,7 +154,8 @@ def run_plan(args: argparse.Namespace) -> int:
     elif args.samples_per_epoch is not None:
         raise ValueError("--samples-per-epoch applies to --mix")
     else:
-        lengths, source, fps = load_inputs(args.inputs, args.field, args.frames_per_second, args.index_dir)
+        lengths, source, fps = load_inputs(args.inputs, args.field, args.frames_per_second, args.index_dir,
+                                           args.format)
     limit = resolve_max_length(args.max_length, fps)
     over = too_long(lengths, *check_max_length(limit, args.long_samples))
     # A mix plans the epoch's draw (its indices address all sources' lengths): long samples are left out of
@@ -159,16 +166,12 @@ def run_plan(args: argparse.Namespace) -> int:
     # Load the compiled planner first, so the time below is planning only.
     make_plan(np.ones(args.world_size, dtype=np.int64), config)
 
-    def plan_fn(lens: np.ndarray, world: int, seed: int, epoch: int):
-        return plan_epoch(lens, dataclasses.replace(config, world_size=world, seed=seed), epoch)
-
     t = time.perf_counter()
     if mix is None:
         plan = make_plan(lengths, config, epoch=args.epoch)
         held = lengths  # what the epoch holds
     else:
-        plan = plan_epoch_steps(lengths, plan_fn, args.world_size, args.seed, args.epoch, mix=mix,
-                                shuffle=not args.no_shuffle, keep=keep).plan
+        plan, _ = InMemory(lengths, mix, keep).plan(config, args.epoch)  # the sampler's epoch of a mix
         drawn = mix.draw(args.seed, args.epoch, not args.no_shuffle)
         held = lengths[drawn if keep is None else drawn[np.isin(drawn, keep)]]
     seconds = time.perf_counter() - t
@@ -284,7 +287,11 @@ def add_parser(sub: Any, planners: list[str], seed_exact: str) -> None:
         "                       VoxCPM-style: duration or audio_duration; others: --field)\n"
         "  'train-{000000..000099}.tar', *.tar, or a directory\n"
         "                       indexed WebDataset shards (see `streambatch index`); a directory\n"
-        "                       means every .tar shard under it, subdirectories included\n\n"
+        "                       means every .tar shard under it, subdirectories included\n"
+        "  shar/, *.parquet, tarred_audio_manifest.json --format nemo\n"
+        "                       a Lhotse Shar directory, Parquet files (lengths from a column:\n"
+        "                       --field duration) or a NeMo tarred corpus: lengths from their own\n"
+        "                       metadata, no index needed\n\n"
         "Lengths are in the units of --max-batch-tokens (frames, tokens); durations in seconds\n"
         "need --frames-per-second.\n\n"
         "--mix plans a weighted mix of several INPUTs instead (as DynamicBatchSampler.mixed and\n"
@@ -311,6 +318,9 @@ def add_parser(sub: Any, planners: list[str], seed_exact: str) -> None:
     pl.add_argument("--frames-per-second", "--fps", type=positive_float, metavar="FPS",
                     help="values are seconds: length = ceil(seconds x this) (e.g. 50 or 100)")
     pl.add_argument("--index-dir", metavar="DIR", help="where the shards' sidecars are, if not next to the shards")
+    pl.add_argument("--format", choices=("webdataset", "shar", "nemo", "parquet"), default=None,
+                    help="read INPUTs as corpora of this format (default: Shar directories and Parquet files are "
+                         "detected; a .json is a lengths manifest unless --format nemo)")
     pl.add_argument("--max-length", type=length_limit, metavar="L",
                     help="leave out samples longer than this: length units (1500) or seconds (30s, needs the "
                          "frame rate)")

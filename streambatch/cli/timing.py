@@ -1,7 +1,8 @@
-"""Planning-speed measurements shared by ``bench/planning.py`` and ``streambatch bench``.
+"""Planning-speed measurements of ``streambatch bench`` (``bench/planning.py`` reuses them and adds its
+at-scale row, which only the benchmark runs).
 
 Speed is reported as ratios against the pure-Python seed algorithm
-(``streambatch.reference``) run on the same lengths in the same process, plus
+(``planners/greedy/reference.py``) run on the same lengths in the same process, plus
 absolute warm times, peak memory and Numba compile times measured in fresh
 processes. Nothing here is asserted: these are measurements.
 """
@@ -20,7 +21,8 @@ from collections.abc import Callable, Iterable
 import numpy as np
 
 from ..core.units import seconds_to_frames
-from ..planners import PLANNERS, make_plan, reference
+from ..planners import make_plan
+from ..planners.greedy import reference
 
 BUDGET = 16_000  # frames (50 frames/s: 320 s of audio per batch)
 CAP = 64
@@ -131,23 +133,6 @@ def _child(lengths_path: str, world_size: int, planner: str, repeats: int, cache
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def at_scale(n: int = 10_000_000, world_size: int = 64, planners: Iterable[str] = ("greedy",),
-             repeats: int = 3) -> list[dict]:
-    """Warm planning time and peak planning memory, each planner in a fresh process.
-
-    Memory is ``peak_growth`` of each run (the lengths already loaded), per sample.
-    """
-    rows = []
-    with tempfile.TemporaryDirectory() as tmp:
-        path = os.path.join(tmp, "lengths.npy")
-        np.save(path, audio_lengths(n))
-        for name in planners:
-            r = _child(path, world_size, name, repeats)
-            rows.append({"planner": name, "n": n, "world_size": world_size, "seconds": r["seconds"],
-                         "samples_per_s": n / r["seconds"], "bytes_per_sample": r["peak_bytes"] / n})
-    return rows
-
-
 def compile_times(planners: Iterable[str] = ("greedy",)) -> list[dict]:
     """Cold compile (empty Numba cache) and first call with a warm cache, fresh processes."""
     rows = []
@@ -161,7 +146,3 @@ def compile_times(planners: Iterable[str] = ("greedy",)) -> list[dict]:
             rows.append({"planner": name, "cold_first_call": cold["first_call"],
                          "warm_first_call": warm["first_call"], "import": warm["import"]})
     return rows
-
-
-def available_planners() -> list[str]:
-    return sorted(PLANNERS)

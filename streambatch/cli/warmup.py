@@ -33,11 +33,12 @@ def warm_all() -> None:
     """Call every kernel once with the argument types the library uses."""
     import numpy as np
 
+    from ..core.constraint import BatchLimits
     from ..core.mix import Mix
     from ..core.shuffle import SMALL, permutation_slice
+    from ..epoch.interleave import interleave_steps, source_labels
     from ..planners import PLANNERS, make_plan
-    from ..planners.interleave import interleave_steps, source_labels
-    from ..streaming.epoch.affinity.plan import warm_up
+    from ..planners.shard_affine.planner import warm_up
 
     lengths = np.arange(1, 301, dtype=np.int64) % 97 + 1
     # Lengths of 2**15 and over (e.g. audio in samples) reach the bucketed kernels as int32, not int16.
@@ -56,8 +57,8 @@ def warm_all() -> None:
     drawn = mix.draw(0, 0, True)
     plan = make_plan(lengths[drawn], 400, 8, 2, planner="greedy")
     interleave_steps(plan, source_labels(mix.source_of(drawn), mix.num_sources), mix.num_sources)
-    warm_up(400, 8, 2, {})
-    warm_up(400, 8, 2, {"pack": True})
+    warm_up(BatchLimits(400, 8), 2)
+    warm_up(BatchLimits(400, 8, pack=True), 2)
     permutation_slice(SMALL + 1, 1, 0, 4)  # a large source's cycles (Feistel; small ones shuffle in place)
 
 

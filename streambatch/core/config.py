@@ -2,6 +2,8 @@
 the streaming dataset (``WindowConfig`` adds its window) and the command line.
 
 Build it with ``PlanConfig.build(...)``: every value is checked once there,
+and the planner's options are resolved once (``resolved_options``: checked,
+defaults filled in; ``limits``: the batch rule they make, ``core/constraint.py``),
 so code holding a ``PlanConfig`` never re-validates it. The dataclass is
 frozen; ``replace`` builds (and checks) a modified copy.
 """
@@ -16,6 +18,7 @@ from typing import Any, TypeVar
 
 import numpy as np
 
+from .constraint import BatchLimits
 from .keywords import misspelled
 from .plan import config_fingerprint
 from .registry import check_planner, get_planner
@@ -76,7 +79,7 @@ class PlanConfig:
         # their checked values), so defaults stay out of fingerprints and states.
         resolved = p.resolve(planner_options)
         given = {k: resolved[k] for k in planner_options}
-        return cls(
+        config = cls(
             max_batch_tokens=check_budget(max_batch_tokens),
             max_batch_size=check_int("max_batch_size", max_batch_size, 1),
             world_size=check_int("world_size", world_size, 1),
@@ -87,6 +90,9 @@ class PlanConfig:
             planner_options=tuple(sorted(given.items())),
             **cls._check_extra(**extra),
         )
+        object.__setattr__(config, "_resolved", resolved)  # resolved once: what resolved_options returns
+        config.limits  # noqa: B018 (a cost cap no batch fits under raises here, naming the value)
+        return config
 
     @classmethod
     def _check_extra(cls) -> dict[str, Any]:
@@ -99,8 +105,36 @@ class PlanConfig:
 
     @property
     def options(self) -> dict[str, Any]:
-        """The planner's keyword options."""
+        """The planner's keyword options, as given."""
         return dict(self.planner_options)
+
+    @property
+    def options_planner(self) -> str:
+        """The planner whose declared options ``planner_options`` were checked against (and
+        whose plans these settings make): ``planner``, unless a subclass plans with another."""
+        return self._options_planner(self.planner, self.__dict__)
+
+    @property
+    def resolved_options(self) -> dict[str, Any]:
+        """The planner's options checked, defaults filled in: resolved once, by ``build`` (a
+        copy made by ``dataclasses.replace`` resolves its own on first use). Read-only."""
+        got = self.__dict__.get("_resolved")
+        if got is None:
+            got = get_planner(self.options_planner).resolve(self.options)
+            object.__setattr__(self, "_resolved", got)
+        return got
+
+    @property
+    def limits(self) -> BatchLimits:
+        """The batch rule these settings make (budget, cap, cost model, cost cap, packing,
+        long-sample limit), built once per configuration: what each plan binds to its lengths."""
+        got = self.__dict__.get("_limits")
+        if got is None:
+            # max_length: a WindowConfig's long-sample limit (a PlanConfig has none)
+            got = get_planner(self.options_planner).limits(self.max_batch_tokens, self.max_batch_size,
+                                                           self.resolved_options, getattr(self, "max_length", None))
+            object.__setattr__(self, "_limits", got)
+        return got
 
     def replace(self: C, **changes: Any) -> C:
         """A checked copy with some settings changed."""

@@ -25,9 +25,11 @@ to each one) has no padding: it costs the sum of its samples' costs alone,
 ``sum(c1 * L + c2 * L**2)`` (``packed_cost``), and the same coefficients
 balance it.
 
-Kernels get the model as two integers, ``coefficients``, and compute
-``scale * cost`` in int64 (``scale`` is ``q`` for quadratic_duration, 1
-otherwise), so no float ever decides a plan.
+Kernels get the model as two integers, ``coefficients`` (the one encoding
+of the formula for kernels), and compute ``scale * cost`` in int64
+(``scale`` is ``q`` for quadratic_duration, 1 otherwise), so no float ever
+decides a plan. What a batch may hold under a model is the ``BatchLimits``
+and ``BatchConstraint`` of ``core/constraint.py``.
 """
 
 from __future__ import annotations
@@ -141,20 +143,12 @@ class CostModel:
         return cls("quadratic_duration", q)
 
     @property
-    def code(self) -> int:
-        """The integer code kernels take (index in ``KINDS`` of ``plain``'s kind)."""
-        return KINDS.index(self.plain.kind)
-
-    @property
-    def kernel_q(self) -> int:
-        """``q`` as kernels take it (``plain``'s)."""
-        return self.plain.q
-
-    @property
     def coefficients(self) -> tuple[int, int]:
-        """(ca, cb) with ``scale * cost = B * L * (ca * L + cb)``: what kernels
-        take (two numbers rather than ``code``: a kernel branching on a code
-        inside its loops compiles one copy of each loop per model)."""
+        """(ca, cb) with ``scale * cost = B * L * (ca * L + cb)``: the one
+        encoding of the cost formula, what every kernel takes (two numbers
+        rather than a kind code: a kernel branching on a code inside its loops
+        compiles one copy of each loop per model); ``scaled`` and
+        ``check_range`` compute from it too."""
         p = self.plain
         return {"linear": (0, 1), "quadratic": (1, 0), "quadratic_duration": (1, p.q)}[p.kind]
 
@@ -168,12 +162,8 @@ class CostModel:
         """``scale * cost`` of batches, exactly as kernels compute it (int64)."""
         b = np.asarray(count, dtype=np.int64)
         m = np.asarray(max_len, dtype=np.int64)
-        kind = self.plain.kind
-        if kind == "linear":
-            return b * m
-        if kind == "quadratic":
-            return b * m * m
-        return b * m * (self.plain.q + m)
+        ca, cb = self.coefficients
+        return b * m * (ca * m + cb)
 
     def batch_cost(self, count: ArrayLike, max_len: ArrayLike) -> np.ndarray:
         """Cost of batches of ``count`` samples padded to ``max_len`` (float64;
@@ -297,9 +287,8 @@ class CostModel:
         """Refuse lengths whose scaled costs summed over a step could overflow int64."""
         # A feasible batch holds <= min(budget, size cap * L) tokens, and a lone sample may exceed the budget.
         tokens = max(max_len, min(max_tokens, max_size * max_len))
-        p = self.plain
-        per_token = {"linear": 1, "quadratic": max_len, "quadratic_duration": p.q + max_len}[p.kind]
-        bound = world_size * tokens * per_token
+        ca, cb = self.coefficients
+        bound = world_size * tokens * (ca * max_len + cb)  # a step's scaled cost per token, at most
         if bound > INT64_MAX // 4:
             raise ValueError(
                 f"lengths up to {max_len} with max_batch_tokens={max_tokens}, max_batch_size={max_size}, "
@@ -323,7 +312,7 @@ def clamp_budget(max_batch_tokens: int, max_batch_size: int, max_len: int) -> in
     """The budget clamped to what a batch can hold: ``max_batch_size`` samples of
     at most ``max_len`` (read as 1 when every length is 0) tokens, + 1. A larger
     budget never binds; the clamp keeps kernel arithmetic small. The one copy of
-    this rule (make_plan, the bucketed, greedy and shard-affine planners)."""
+    this rule (``BatchLimits.bind``, for every planner)."""
     return min(max_batch_tokens, max_batch_size * max(max_len, 1) + 1)
 
 

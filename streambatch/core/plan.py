@@ -87,6 +87,12 @@ class RankBatches(Sequence):
         return f"RankBatches(rank={self._rank}, num_batches={len(self)})"
 
 
+def index_dtype(n: int) -> type:
+    """The dtype of a plan's sample indices over ``n`` samples: int32 while
+    they fit (it halves the plan's memory), else int64."""
+    return np.int32 if n < 2**31 - 1024 else np.int64
+
+
 def assemble(samples: np.ndarray, counts: np.ndarray, step_order: np.ndarray, world_size: int,
              num_padded: int = 0, leftover: np.ndarray | None = None) -> Plan:
     """Build a Plan from samples grouped by (step, rank) and (n_steps, W) batch sizes."""

@@ -23,6 +23,9 @@ class PlannerRecord(Protocol):
 
     def resolve(self, options: Mapping[str, Any]) -> dict[str, Any]: ...
 
+    def limits(self, max_batch_tokens: int, max_batch_size: int, resolved: Mapping[str, Any],
+               max_length: int | None = None) -> Any: ...
+
 
 # name -> Planner (the planners layer's record)
 PLANNERS: dict[str, Any] = {}

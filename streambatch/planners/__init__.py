@@ -1,10 +1,12 @@
 """Planner registry and the one validated entry point, ``make_plan``.
 
-Adding a planner: write one module (plan function + kernels beside it) that
-declares a ``Planner`` (``base.py``), add one line to ``_BUILTIN`` below (or
-call ``register_planner`` from your own code), and run
-``tests/planners/test_planner_contract.py``, which checks the contract for every
-registered planner.
+Every planner lives in its own folder here (``greedy/``, ``bucketed/``,
+``shard_affine/``), declares a ``Planner`` (``base.py``) and takes its shared
+kernel code from ``toolkit.py``; no planner imports a sibling. Adding a planner:
+write one module (plan function + kernels beside it) that declares a
+``Planner``, add one line to ``_BUILTIN`` below (or call ``register_planner``
+from your own code), and run ``tests/planners/test_planner_contract.py``, which
+checks the contract for every registered planner.
 """
 
 from __future__ import annotations
@@ -20,15 +22,16 @@ from ..core.plan import Plan
 from ..core.registry import PLANNERS, check_planner, get_planner
 from ..core.types import FlagLike, IntLike, LengthsLike, NumberLike
 from ..core.validation import coerce_lengths
-from .base import Option, PlanFunction, Planner, UnknownOptionError
-from .bucketed.plan import PLANNER as BUCKETED
+from .base import ConstrainedPlanFunction, Option, PlanFunction, Planner, UnknownOptionError
+from .bucketed.planner import PLANNER as BUCKETED
 from .compile_notice import notice_if_cold
-from .greedy.plan import PLANNER as GREEDY
+from .greedy.planner import PLANNER as GREEDY
+from .shard_affine.planner import PLANNER as SHARD_AFFINE
 
-__all__ = ["PLANNERS", "RECOMMENDED", "SEED_EXACT", "Option", "Planner", "PlanFunction", "UnknownOptionError",
-           "check_planner", "get_planner", "make_plan", "plan_epoch", "register_planner"]
+__all__ = ["PLANNERS", "RECOMMENDED", "SEED_EXACT", "ConstrainedPlanFunction", "Option", "Planner", "PlanFunction",
+           "UnknownOptionError", "check_planner", "get_planner", "make_plan", "plan_epoch", "register_planner"]
 
-_BUILTIN = (GREEDY, BUCKETED)
+_BUILTIN = (GREEDY, BUCKETED, SHARD_AFFINE)
 # The map-style sampler's default reproduces the seed; everything without a seed to match uses the best planner.
 SEED_EXACT = GREEDY.name
 RECOMMENDED = BUCKETED.name
@@ -72,20 +75,19 @@ def make_plan(lengths: LengthsLike, max_batch_tokens: NumberLike | PlanConfig = 
     return plan_epoch(coerce_lengths(lengths), config, check_epoch(epoch))
 
 
-def plan_epoch(lengths: np.ndarray, config: PlanConfig, epoch: int) -> Plan:
+def plan_epoch(lengths: np.ndarray, config: PlanConfig, epoch: int, *, world_size: int | None = None,
+               seed: int | None = None, drop_last: bool | None = None) -> Plan:
     """Plan one epoch from checked input: lengths (N,) int64 >= 0 (as
     ``coerce_lengths`` returns them), a built ``PlanConfig`` (its options
-    already checked against its planner), an int epoch."""
+    resolved once), an int epoch. ``world_size``, ``seed`` and ``drop_last``
+    override the config's (a streaming window, an elastic segment: checked
+    values). The batch rule is bound to these lengths once, here
+    (``BatchLimits.bind``: the one budget clamp and overflow guard)."""
     c = config
-    p = PLANNERS[c.planner]
-    resolved = {o.name: o.default for o in p.options or ()}  # defaults for the options not given
-    resolved.update(c.planner_options)
-    if lengths.size:
-        # One overflow guard, owned by the cost model the plan balances under.
-        lmax = int(lengths.max())
-        cap = min(c.max_batch_size, lengths.size)  # a cap above N never binds
-        p.cost_model(resolved).budget(lmax, c.max_batch_tokens, cap, c.world_size)
+    p = PLANNERS[c.options_planner]
+    w = c.world_size if world_size is None else world_size
+    constraint = c.limits.bind(lengths, w)
     # one log line before a first compile, which takes a minute on a small machine
-    notice_if_cold(getattr(p.plan, "__module__", None) or "")
-    return p.plan(lengths, c.max_batch_tokens, c.max_batch_size, c.world_size, c.shuffle, c.drop_last, c.seed, epoch,
-                  **resolved)
+    notice_if_cold(p.kernels)
+    return p.run(lengths, constraint, w, c.shuffle, c.drop_last if drop_last is None else drop_last,
+                 c.seed if seed is None else seed, epoch, c.resolved_options)

@@ -3,8 +3,17 @@
 A planner is a ``Planner`` record: a name, a plan function, the options it
 declares (name, default, check) and the cost models it can balance under.
 ``make_plan`` validates the common arguments once, checks the options against
-the chosen planner's declarations and guards the cost range with the cost
-model the plan will use; the plan function then receives only valid input.
+the chosen planner's declarations (``PlanConfig``: resolved once), and binds
+the batch rule to the plan's lengths once (``core/constraint.py``: the budget
+clamped and its cost range guarded); the plan function then receives only
+valid input.
+
+Two forms of plan function: the plain ``PlanFunction`` (the budget and cap
+as numbers, every option as a keyword: what a planner of your own writes) and,
+with ``Planner(takes_constraint=True)`` (every built-in planner), the
+``ConstrainedPlanFunction``, which takes the ``BatchConstraint`` in their place
+and its own options only: the constraint carries ``cost``, ``max_step_cost``
+and ``pack`` (``CONSTRAINT_OPTIONS``).
 
 The plan function's promises (``tests/planners/test_planner_contract.py`` checks all of
 them for every registered planner):
@@ -32,11 +41,14 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from ..core.constraint import BatchConstraint, BatchLimits
 from ..core.cost import ALL_KINDS, CostModel
 from ..core.keywords import misspelled
 from ..core.plan import Plan
 
 PACK_OPTION = "pack"  # the option name that switches a planner to packed batches (``Planner.packs``)
+# The options that make up the batch rule (``BatchLimits``) rather than a planner's own settings.
+CONSTRAINT_OPTIONS = ("cost", "max_step_cost", PACK_OPTION)
 
 
 class PlanFunction(Protocol):
@@ -49,6 +61,19 @@ class PlanFunction(Protocol):
 
     def __call__(self, lengths: np.ndarray, max_batch_tokens: int, max_batch_size: int, world_size: int,
                  shuffle: bool, drop_last: bool, seed: int, epoch: int, **options: Any) -> Plan: ...
+
+
+class ConstrainedPlanFunction(Protocol):
+    """``plan(lengths, constraint, world_size, shuffle, drop_last, seed,
+    epoch, **own_options) -> Plan`` (``Planner(takes_constraint=True)``).
+
+    lengths: (N,) int64 >= 0, already validated; constraint: the batch rule
+    bound to these lengths (``BatchConstraint``); own_options: the declared
+    options other than ``CONSTRAINT_OPTIONS``, checked, defaults filled in.
+    """
+
+    def __call__(self, lengths: np.ndarray, constraint: BatchConstraint, world_size: int, shuffle: bool,
+                 drop_last: bool, seed: int, epoch: int, **options: Any) -> Plan: ...
 
 
 class UnknownOptionError(ValueError, TypeError):
@@ -80,14 +105,20 @@ class Planner:
     unchecked (for quick experiments; declare them before relying on it).
     costs: the ``CostModel`` kinds the planner balances under; a planner
     without a ``cost`` option always uses the first (the seed's quadratic).
+    takes_constraint: ``plan`` is a ``ConstrainedPlanFunction`` (else a
+    ``PlanFunction``).
+    kernels: the module holding the planner's cached Numba kernels, whose
+    cache says whether a first plan compiles them (``compile_notice.py``).
     """
 
     name: str
-    # a PlanFunction; typed Callable[..., Plan] because each planner takes only its own declared options
+    # a PlanFunction or ConstrainedPlanFunction; Callable[..., Plan]: each planner takes only its own options
     plan: Callable[..., Plan]
     options: tuple[Option, ...] | None = ()
     costs: tuple[str, ...] = ("quadratic",)
     summary: str = ""
+    takes_constraint: bool = False
+    kernels: str = ""
 
     def __post_init__(self) -> None:
         bad = [c for c in self.costs if c not in ALL_KINDS]
@@ -97,9 +128,25 @@ class Planner:
 
     def __call__(self, lengths: np.ndarray, max_batch_tokens: int, max_batch_size: int, world_size: int,
                  shuffle: bool, drop_last: bool, seed: int, epoch: int, **options: Any) -> Plan:
-        """The plan function itself (validated input only; ``make_plan`` validates)."""
-        return self.plan(lengths, max_batch_tokens, max_batch_size, world_size, shuffle, drop_last, seed, epoch,
-                         **options)
+        """A plan from the plain arguments (validated lengths and numbers; the
+        options are checked here): for callers outside the library's own
+        path, which resolves options once per configuration (``PlanConfig``)."""
+        resolved = self.resolve(options)
+        constraint = self.limits(max_batch_tokens, max_batch_size, resolved).bind(lengths, world_size)
+        return self.run(lengths, constraint, world_size, shuffle, drop_last, seed, epoch, resolved)
+
+    def run(self, lengths: np.ndarray, constraint: BatchConstraint, world_size: int, shuffle: bool,
+            drop_last: bool, seed: int, epoch: int, resolved: Mapping[str, Any]) -> Plan:
+        """Call the plan function in its form: the constraint, or (a plain
+        ``PlanFunction``) the budget and cap as set with every option.
+
+        resolved: this planner's options, checked, defaults filled in."""
+        if self.takes_constraint:
+            own = {k: v for k, v in resolved.items() if k not in CONSTRAINT_OPTIONS}
+            return self.plan(lengths, constraint, world_size, shuffle, drop_last, seed, epoch, **own)
+        limits = constraint.limits
+        return self.plan(lengths, limits.max_batch_tokens, limits.max_batch_size, world_size, shuffle, drop_last,
+                         seed, epoch, **resolved)
 
     def option_names(self) -> list[str]:
         return [o.name for o in self.options or ()]
@@ -135,3 +182,10 @@ class Planner:
         """The cost model a plan with these (resolved) options balances under."""
         cost = resolved.get("cost")
         return cost if isinstance(cost, CostModel) else CostModel(self.costs[0])
+
+    def limits(self, max_batch_tokens: int, max_batch_size: int, resolved: Mapping[str, Any],
+               max_length: int | None = None) -> BatchLimits:
+        """The batch rule of plans with these (resolved) options."""
+        step_cap = resolved.get("max_step_cost") if "max_step_cost" in self.option_names() else None
+        return BatchLimits(max_batch_tokens, max_batch_size, self.cost_model(resolved), step_cap,
+                           self.packs(resolved), max_length)

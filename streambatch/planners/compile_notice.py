@@ -21,15 +21,14 @@ _seen: set[str] = set()
 _said = False
 
 
-def notice_if_cold(plan_module: str) -> None:
-    """Log once if the kernels beside ``plan_module`` (a planner's plan-layer module) are not in
-    Numba's cache, i.e. the coming plan compiles them."""
+def notice_if_cold(kernels: str) -> None:
+    """Log once if ``kernels`` (a planner's kernel module, ``Planner.kernels``; "" for none) has no
+    kernel in Numba's cache, i.e. the coming plan compiles them."""
     global _said
-    package = plan_module.rpartition(".")[0]
-    if _said or package in _seen or not package.startswith("streambatch."):
+    if _said or not kernels or kernels in _seen or not kernels.startswith("streambatch."):
         return
-    _seen.add(package)
-    folder = cold_cache(f"{package}.kernels")
+    _seen.add(kernels)
+    folder = cold_cache(kernels)
     if folder is not None:
         _said = True
         log.warning("streambatch: compiling the planners with Numba (20-60 s). This happens once per environment: "

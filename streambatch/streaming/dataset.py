@@ -1,9 +1,9 @@
 """``StreamingBatches``: the torch ``IterableDataset`` that wires the streaming stages.
 
 Constructor: options (``options.py``) -> shard lists, URLs expanded once (``shards/lists.py``) -> the read mode's
-strategy (``epoch/modes.py``) -> catalog (``shards/catalog.py``) -> epoch plan (``epoch/plan.py``). Each pass:
-windows -> this rank's steps (``pipeline/steps.py``) -> byte reads (``pipeline/reads.py``) -> samples, decode,
-skip (``pipeline/samples.py``) -> collate.
+strategy (``epoch/read_modes.py``) -> catalog (``shards/catalog.py``) -> epoch plan (``epoch/epoch_plan.py``, the
+plan layer). Each pass: windows -> this rank's steps (``pipeline/steps.py``) -> byte reads (``pipeline/reads.py``)
+-> samples, decode, skip (``pipeline/samples.py``) -> collate.
 
 Stream: batches: this rank's (and DataLoader worker's) steps of the epoch, in step order."""
 
@@ -20,15 +20,16 @@ from ..core.long_samples import check_max_length
 from ..core.redact import scrub_exception
 from ..core.types import FlagLike, IntLike, LengthFrom, NumberLike, UrlsLike
 from ..core.validation import check_int
+from ..epoch.epoch_plan import EpochPlan
+from ..epoch.read_modes import resolve_mode
+from ..epoch.windows import EpochSummary, WindowConfig
 from ..planners import RECOMMENDED
 from ..torch_glue.distributed import agree, guess_world, is_distributed, resolve_world, will_check
 from ..torch_glue.guard import check_not_prepared
-from .epoch.modes import resolve_mode
-from .epoch.plan import EpochPlan
-from .epoch.windows import EpochSummary, WindowConfig
 from .io.remote_io import RemoteIO, check_identity
 from .io.retry import RetryPolicy
-from .options import Options
+from .options import IndexSettings, Options, OutputSettings, RemoteSettings, ungroup
+from .pipeline.preflight import PreflightReport, preflight_streaming
 from .pipeline.reads import SampleReads
 from .pipeline.samples import collate, decode, keep_read, parse
 from .pipeline.state import ordered_state, resume
@@ -53,22 +54,35 @@ class StreamingBatches(IterableDataset):
         shards: ``s3://``, ``gs://``, ``https://``, ``hf://``, ``pipe:``); or a list of ``Source(urls,
         weight=...)`` to mix corpora: each epoch takes every source's quota, read in cycles, each window holding
         the sources in proportion (``shards/sources.py``); ``samples_per_epoch``: a weighted mix's epoch size.
-    max_batch_tokens, max_batch_size, planner, **planner_options: as for ``make_plan``, per window. The planner
-        defaults to ``"bucketed"`` (it balances and pads best; ``DynamicBatchSampler`` keeps the seed's ``"greedy"``).
+        Other corpus formats (``shards/corpora/``) are read where they are: a Lhotse Shar directory, a NeMo
+        tarred manifest, Parquet files, or their spec objects (``Shar(...)``, ``NemoTarred(...)``,
+        ``Parquet(...)``); their lengths come from their own metadata (``length_from``, default
+        ``json:duration`` for Shar and NeMo, ``column:duration`` for Parquet; seconds need
+        ``frames_per_second``).
+    format: the corpus format of ``urls`` (``"webdataset"``, ``"shar"``, ``"nemo"``, ``"parquet"``), or None:
+        detected from what ``urls`` is (a Source may name its own).
+    max_batch_tokens, max_batch_size, shuffle, drop_last, planner, **planner_options: as for ``make_plan`` and
+        ``DynamicBatchSampler`` (the same names; shuffle, drop_last, rank, world_size, seed in the sampler's order),
+        per window. The planner defaults to ``"bucketed"`` (it balances and pads best; ``DynamicBatchSampler``
+        keeps the seed's ``"greedy"``).
+    rank, world_size: default to ``torch.distributed`` when initialised, else 0/1 (an error when a launcher started
+        several processes, or with ``rank=None`` and ``world_size > 1``).
     max_length, long_samples: samples longer than ``max_length`` (sidecar length units) are never planned nor read
         (``"drop"``: counted in ``num_too_long``, logged) or make the constructor raise naming the shard (``"raise"``).
+    verify: under torch.distributed with world_size > 1, all ranks check at construction (and in a main-process
+        ``load_state_dict``) that they built the same dataset and resume alike; ``"full"`` also re-hashes every
+        shard against its indexed digest; remote shards are checked against their indexed size and ETag unless False
+        (``options.Checks``).
     window_samples: samples planned together (consecutive shards until they hold this many): larger windows shuffle
         wider and balance better; memory is ~50 bytes per sample of one window. Default 20,000; in shard mode
         max(20,000, 2,500 x W).
     read_mode: ``"sample"`` (each window planned across all ranks; a rank reads its samples by offset: local
         files), ``"shard"`` (each rank trains a contiguous piece of the window's shards, which it alone streams:
         each byte crosses the network once per epoch; the bucketed planner's options) or None: ``"sample"`` when
-        every URL is a local file, else ``"shard"`` (``epoch/modes.py``).
-    rank, world_size: default to ``torch.distributed`` when initialised, else 0/1 (an error when a launcher started
-        several processes, or with ``rank=None`` and ``world_size > 1``).
-    verify: under torch.distributed with world_size > 1, all ranks check at construction (and in a main-process
-        ``load_state_dict``) that they built the same dataset and resume alike; ``"full"`` also re-hashes every
-        shard against its indexed digest; remote shards are checked against their indexed size and ETag unless False.
+        every URL is a local file, else ``"shard"`` (``epoch/read_modes.py``).
+    index, remote, output: the settings below grouped by what they are for, as ``IndexSettings``,
+        ``RemoteSettings`` and ``OutputSettings`` with the same field names (``remote=RemoteSettings(cache_dir=...,
+        storage_options=...)``); the flat keywords work as well, and one given both ways raises.
     index_dir, index_missing, length_from, frames_per_second, index_workers: where sidecars are, and how missing
         local ones are indexed (``shards/lists.IndexOptions``).
     storage_options, cache_dir, prefetch_shards, prefetch_bytes, retry, trust_catalog: remote shards: fsspec options
@@ -80,16 +94,19 @@ class StreamingBatches(IterableDataset):
     """
 
     def __init__(self, urls: UrlsLike | Source | Sequence[Source], max_batch_tokens: NumberLike = REQUIRED,
-                 max_batch_size: IntLike = 64, *, window_samples: IntLike | None = None,
-                 read_mode: str | None = None, shuffle: FlagLike = True, drop_last: FlagLike = False,
-                 seed: IntLike = 42, rank: IntLike | None = None, world_size: IntLike | None = None,
-                 planner: str = RECOMMENDED, index_dir: str | None = None, index_missing: bool = False,
+                 max_batch_size: IntLike = 64, *, shuffle: FlagLike = True, drop_last: FlagLike = False,
+                 rank: IntLike | None = None, world_size: IntLike | None = None, seed: IntLike = 42,
+                 planner: str = RECOMMENDED, verify: bool | str = True, max_length: IntLike | None = None,
+                 long_samples: str = "drop", window_samples: IntLike | None = None, read_mode: str | None = None,
+                 samples_per_epoch: IntLike | None = None, format: str | None = None,
+                 index: IndexSettings | None = None, remote: RemoteSettings | None = None,
+                 output: OutputSettings | None = None,
+                 index_dir: str | None = None, index_missing: bool = False,
                  length_from: LengthFrom | None = None, frames_per_second: float | None = None,
                  index_workers: IntLike | None = 1,
                  decode: Literal["audio"] | Callable[[dict[str, Any]], Any] | None = None,
                  collate_fn: Callable[[list[Any]], Any] | None = None, on_error: str = "raise",
-                 verify: bool | str = True, max_length: IntLike | None = None, long_samples: str = "drop",
-                 samples_per_epoch: IntLike | None = None, storage_options: dict[str, Any] | None = None,
+                 storage_options: dict[str, Any] | None = None,
                  cache_dir: str | None = None, prefetch_shards: IntLike = 4, prefetch_bytes: IntLike | None = None,
                  retry: RetryPolicy | int | None = None, trust_catalog: bool | Collection[str] = False,
                  **planner_options: Any) -> None:
@@ -97,15 +114,17 @@ class StreamingBatches(IterableDataset):
         failure: BaseException | None = None
         world: Any = world_size  # the caller's value until resolve_world checks it
         self.sources = None
+        # the settings as flat keywords, a setting object's fields filled in (index=, remote=, output=)
+        s = dict(index_dir=index_dir, index_missing=index_missing, length_from=length_from,
+                 frames_per_second=frames_per_second, index_workers=index_workers, storage_options=storage_options,
+                 cache_dir=cache_dir, prefetch_shards=prefetch_shards, prefetch_bytes=prefetch_bytes, retry=retry,
+                 trust_catalog=trust_catalog, decode=decode, collate_fn=collate_fn, on_error=on_error)
         try:
-            lists = ShardLists(urls, samples_per_epoch=samples_per_epoch, index_dir=index_dir)
-            self.options = o = Options.build(
-                index_missing=index_missing, length_from=length_from,
-                frames_per_second=frames_per_second, index_workers=index_workers, verify=verify,
-                storage_options=storage_options, cache_dir=cache_dir, prefetch_shards=prefetch_shards,
-                prefetch_bytes=prefetch_bytes, retry=retry, trust_catalog=trust_catalog, decode=decode,
-                collate_fn=collate_fn, on_error=on_error)
-            self.verify = o.verify
+            s = ungroup({"index": index, "remote": remote, "output": output}, s)
+            lists = ShardLists(urls, samples_per_epoch=samples_per_epoch, index_dir=s.pop("index_dir"),
+                                format=format)
+            self.options = o = Options.build(verify=verify, **s)
+            self.verify = o.checks.ranks
             self.rank, world = resolve_world(rank, world_size)
             max_length, long_samples = check_max_length(max_length, long_samples)
             mode = resolve_mode(read_mode, lambda: lists.all_local(o.remote))  # the read mode's strategy, once
@@ -116,7 +135,7 @@ class StreamingBatches(IterableDataset):
             mode.warm_up(self.config, world)  # DataLoader workers forked later inherit the loaded planner
         except Exception as exc:  # re-raised below, after every rank has heard of it
             failure = exc
-        if index_missing not in (False, 0, None) and is_distributed() and guess_world(world) > 1:
+        if s["index_missing"] not in (False, 0, None) and is_distributed() and guess_world(world) > 1:
             # Each rank indexes its share; the agreement doubles as the barrier after it, and carries any
             # rank's failure to all ranks.
             if failure is None:
@@ -129,11 +148,11 @@ class StreamingBatches(IterableDataset):
             try:
                 # Catalog: every shard's URL, sidecar and sample lengths (a mix's sources, source after source)
                 self.sources, self.catalog = lists.open(o.index, o.remote)
-                if self.verify:  # remote shards changed since indexing: fail now, not mid-epoch
+                if o.checks.remote:  # remote shards changed since indexing: fail now, not mid-epoch
                     check_identity(self.catalog, self.rank, world, o.remote.storage_options, o.remote.retry)
                 self.remote = RemoteIO.for_catalog(self.catalog, self.rank, o.remote, world,
                                                    self.config.window_samples, mode.rank_share)
-                self.plan = EpochPlan(self.catalog, self.sources, self.config, mode, window_samples is None)
+                self.plan = EpochPlan.over_shards(self.catalog, self.sources, self.config, mode, window_samples is None)
                 self.fingerprint = self.plan.fingerprint_at(world)
                 check_samples(self.catalog, self.config.max_length, long_samples)
             except Exception as exc:
@@ -233,6 +252,12 @@ class StreamingBatches(IterableDataset):
         where = (None, 0) if info is None else (info.id, info.num_workers)
         position = resume(state, self.plan, self.progress.segments, info, self.verify, self.fingerprint)
         self.progress.load_state_dict(position, *where)
+
+    def preflight(self, step: Any, epoch: IntLike | None = None, **options: Any) -> PreflightReport:
+        """Run an epoch's costliest batches and longest clips (planned from the sidecars' lengths) through
+        ``step(batch_size, length)`` before training; raises ``PreflightError`` naming the fix if one does not
+        fit. The position is untouched (options: ``torch_glue.preflight.run_preflight``)."""
+        return preflight_streaming(self, step, epoch, **options)
 
     # ------------------------------------------------------------ sizes
 

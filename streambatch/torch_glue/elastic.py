@@ -12,7 +12,7 @@ from multiprocessing.sharedctypes import RawArray
 from typing import Any
 
 from ..core.state import MAX_SEGMENTS, state_int  # MAX_SEGMENTS: resizes one epoch records (two ints each)
-from ..planners.elastic import Segments
+from ..epoch.elastic import Segments
 
 
 class SharedSegments:

@@ -5,7 +5,6 @@ prefetching DataLoader in ``prefetch.py``."""
 
 from __future__ import annotations
 
-import dataclasses
 import sys
 import weakref
 from collections.abc import Iterator, Sequence
@@ -18,16 +17,17 @@ from ..core.config import PlanConfig, check_epoch
 from ..core.keywords import REQUIRED
 from ..core.long_samples import check_max_length, too_long
 from ..core.mix import Mix, specs_from
-from ..core.plan import Plan, RankBatches, config_fingerprint
+from ..core.plan import Plan, RankBatches
 from ..core.redact import logger
 from ..core.types import FlagLike, IntLike, LengthsLike, NumberLike
 from ..core.validation import check_flag, check_int, coerce_lengths
-from ..planners import plan_epoch
-from ..planners.elastic import Segments
-from ..planners.epoch import EpochPlan, plan_epoch_steps
+from ..epoch.elastic import Segments
+from ..epoch.epoch_plan import EpochPlan
+from ..epoch.windows import Window
 from .distributed import SEED_RANK, SEED_WORLD, active, agree, resolve_world, warn_seed_defaults, will_check
 from .guard import check_per_rank_sampler
 from .prefetch import prefetching_loader
+from .preflight import PreflightReport, preflight_sampler
 from .sampler_state import SamplerStateMixin
 
 log = logger("streambatch.sampler")
@@ -96,6 +96,9 @@ class DynamicBatchSampler(SamplerStateMixin, Sampler[list[int]]):
                 log.warning("DynamicBatchSampler: %d of %d samples are longer than max_length=%d and are left out "
                             "of every batch", over.size, self.lengths.size, self.max_length)
             self.mix = _check_mix(mix, self.lengths.shape[0])
+            # the plan layer's epochs: one in-memory source, one window per epoch
+            self._epochs = EpochPlan.in_memory(self.lengths, self.config, mix=self.mix, keep=self._kept,
+                                               max_length=self.max_length, long_samples=self.long_samples)
             self._fingerprint = self._fingerprint_at(world)
             plan = self._plan(0).plan
         except Exception as exc:  # re-raised below, after every rank has heard of it
@@ -155,26 +158,12 @@ class DynamicBatchSampler(SamplerStateMixin, Sampler[list[int]]):
 
     def _fingerprint_at(self, world_size: int) -> int:
         """The state fingerprint a sampler like this one has at ``world_size``."""
-        fp = dataclasses.replace(self.config, world_size=world_size).fingerprint(self.lengths)
-        if self.max_length is not None:  # part of the configuration only when set: old states still load
-            from ..core.hashing import hash_array  # lazy for start-up: no numba before the first plan
+        return self._epochs.fingerprint_at(world_size)
 
-            mark = np.array([self.max_length, self.long_samples == "raise"], dtype=np.int64)
-            fp = int(hash_array(mark, np.uint64(fp))) >> 1
-        if self.mix is not None:
-            fp = config_fingerprint(np.array(self.mix.sizes + self.mix.counts, dtype=np.int64), fp)
-        return fp
-
-    def _plan_fn(self, lengths: np.ndarray, world_size: int, seed: int, epoch: int) -> Plan:
-        return plan_epoch(lengths, dataclasses.replace(self.config, world_size=world_size, seed=seed), epoch)
-
-    def _plan(self, epoch: int, segments: Segments = ()) -> EpochPlan:
-        """Epoch ``epoch`` at this world size after ``segments`` (the ordinary
-        plan when there is neither a mix nor a history)."""
-        if self.mix is None and not segments:
-            return EpochPlan(self._plan_epoch(epoch))
-        return plan_epoch_steps(self.lengths, self._plan_fn, self.world_size, self.seed, epoch, mix=self.mix,
-                                shuffle=self.shuffle, segments=segments, keep=self._kept)
+    def _plan(self, epoch: int, segments: Segments = ()) -> Window:
+        """Epoch ``epoch`` at this world size after ``segments``: its one window
+        (``first_step``: where this world's steps begin in the epoch)."""
+        return next(self._epochs.windows(epoch, segments))
 
     def source_positions(self) -> list[tuple[int, int]]:
         """Mixing: per source, (cycle, position in it) at the start of the
@@ -186,15 +175,6 @@ class DynamicBatchSampler(SamplerStateMixin, Sampler[list[int]]):
         """First epoch step of this world size (0 unless the epoch was resumed
         from a state saved at another world size)."""
         return self._base
-
-    def _plan_epoch(self, epoch: int) -> Plan:
-        """The plan of ``epoch``, in dataset indices (samples over max_length left out)."""
-        kept = self._kept
-        plan = plan_epoch(self.lengths if kept is None else self.lengths[kept], self.config, epoch)
-        if kept is not None:  # back to dataset indices
-            leftover = None if plan.leftover is None else kept[plan.leftover]
-            plan = dataclasses.replace(plan, samples=kept[plan.samples], leftover=leftover)
-        return plan
 
     def _checking(self) -> bool:
         return self.verify and active(self.world_size)
@@ -236,6 +216,12 @@ class DynamicBatchSampler(SamplerStateMixin, Sampler[list[int]]):
     def num_dropped(self) -> int:
         """Samples left out this epoch by ``drop_last``."""
         return self.plan.num_dropped
+
+    def preflight(self, step: Any, **options: Any) -> PreflightReport:
+        """Run this epoch's costliest batches and longest clips through ``step(batch_size, length)`` before
+        training; raises ``PreflightError`` naming the fix if one does not fit. Reads the plan only (options:
+        ``torch_glue.preflight.run_preflight``: memory, limit_bytes, top, longest, device, raise_on_failure)."""
+        return preflight_sampler(self, step, **options)
 
     # ------------------------------------------------------------ epochs
 

@@ -1,6 +1,6 @@
 """Saving and resuming ``DynamicBatchSampler``: ``state_dict`` /
 ``load_state_dict`` (keys in ``streambatch.core.state``), including an
-elastic resume at another world size (``planners/elastic.py``)."""
+elastic resume at another world size (``epoch/elastic.py``)."""
 
 from __future__ import annotations
 
@@ -12,13 +12,13 @@ from ..core.config import PlanConfig, check_epoch
 from ..core.mix import Mix
 from ..core.plan import Plan
 from ..core.state import differences, max_world, read_state, state_int
-from ..planners.elastic import Segments, history_digest, read_history, resize
+from ..epoch.elastic import Segments, history_digest, read_history, resize
 from .prefetch import warn_if_ahead
 
 if TYPE_CHECKING:
     import weakref
 
-    from ..planners.epoch import EpochPlan
+    from ..epoch.windows import Window
 
 KIND = "DynamicBatchSampler"
 
@@ -47,7 +47,7 @@ class SamplerStateMixin:
 
         def _fingerprint_at(self, world_size: int) -> int: ...
 
-        def _plan(self, epoch: int, segments: Segments = ()) -> EpochPlan: ...
+        def _plan(self, epoch: int, segments: Segments = ()) -> Window: ...
 
         def _fp(self, plan: Plan) -> int: ...
 
@@ -89,7 +89,7 @@ class SamplerStateMixin:
 
         A state saved at another world size resumes elastically: the steps it
         ran stay done and the rest of the epoch is planned for this world
-        (``planners/elastic.py``): every sample once, equal steps per rank.
+        (``epoch/elastic.py``): every sample once, equal steps per rank.
         Everything is checked before anything changes (a refused state leaves
         the sampler as it was), and every value is bounded, the elastic
         history checked against its digest, before any planning
@@ -127,7 +127,7 @@ class SamplerStateMixin:
             segments = resize(saved_segments, saved_world, step, done, self.world_size)
             if epoch != self.epoch or segments != self._segments:
                 ep = self._plan(epoch, segments)
-                plan, base = ep.plan, ep.base
+                plan, base = ep.plan, ep.first_step
             if step > base + plan.num_steps:
                 raise ValueError(f"state['step'] = {step} is beyond the {base + plan.num_steps} steps of epoch "
                                  f"{epoch}; the state does not belong to this sampler's plan")

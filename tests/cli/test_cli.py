@@ -198,7 +198,7 @@ def test_plan_on_shards_translates_api_words_into_flags(shards, capsys):
 def test_every_subcommand_has_help_with_examples():
     parser = build_parser()
     sub = next(a for a in parser._actions if a.dest == "command")
-    assert set(sub.choices) == {"demo", "plan", "bench", "index", "calibrate", "warmup"}
+    assert set(sub.choices) == {"demo", "plan", "bench", "index", "calibrate", "preflight", "warmup"}
     for name, p in sub.choices.items():
         text = p.format_help()
         assert text.startswith(f"usage: streambatch {name}")
@@ -222,7 +222,7 @@ def test_shard_inputs_are_recognised(tmp_path, shards):
 
 
 def test_bench_helpers_in_process(capsys):
-    from streambatch.cli.bench import Progress, sweep
+    from streambatch.cli.bench import SweepProgress, sweep
     from streambatch.cli.timing import peak_growth
 
     rows = sweep([1500, 500], [3], ["greedy"], 1)
@@ -230,7 +230,7 @@ def test_bench_helpers_in_process(capsys):
     assert all(r["seconds"] > 0 and r["samples_per_s"] > 0 for r in rows)
     grown = peak_growth(lambda: np.ones(2**24))  # 128 MiB
     assert grown is None or grown >= 100 * 2**20
-    p = Progress(2)
+    p = SweepProgress(2)
     p.step("one")
     p.step("two")
     p.close()

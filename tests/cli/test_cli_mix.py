@@ -10,8 +10,7 @@ import pytest
 
 from streambatch import DynamicBatchSampler
 from streambatch.cli.main import main
-
-from helpers import lognormal_lengths
+from tests.support.helpers import lognormal_lengths
 
 
 def test_plan_mix_reports_realised_shares(tmp_path, capsys):

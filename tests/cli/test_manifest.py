@@ -12,8 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from streambatch.cli.manifest import read_lengths
-
-from helpers import examples
+from tests.support.helpers import examples
 
 
 def write(path, text: str, gz: bool = False):

@@ -20,8 +20,7 @@ from streambatch.cli.report import (
     seconds_label,
     step_balance,
 )
-
-from helpers import examples
+from tests.support.helpers import examples
 
 
 def naive_quality(plan, lengths, budget):

@@ -95,11 +95,12 @@ def test_warm_error_releases_the_lock(lock_dir):
 
 
 KERNELS = {
-    "streambatch.planners.greedy.kernels": ["greedy_steps"],
+    "streambatch.planners.greedy.placement": ["greedy_steps"],
     "streambatch.planners.greedy.order": ["sortish_order"],
     "streambatch.planners.greedy.mt19937": ["shuffle_slice"],
-    "streambatch.planners.bucketed.kernels": ["bucket_sort", "plan_steps", "step_permutation"],
-    "streambatch.planners.packed.kernels": ["pack_steps"],
+    "streambatch.planners.bucketed.steps": ["bucket_sort", "plan_steps"],
+    "streambatch.planners.toolkit": ["step_permutation"],
+    "streambatch.planners.bucketed.packed_steps": ["pack_steps"],
 }
 
 

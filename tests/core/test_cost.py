@@ -11,9 +11,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from streambatch.core.cost import KINDS, CostModel, resolve_cost
-from streambatch.planners.bucketed.kernels import batch_cost
-
-from helpers import examples
+from streambatch.planners.toolkit import batch_cost
+from tests.support.helpers import examples
 
 MODELS = [CostModel.linear(), CostModel.quadratic(), CostModel.quadratic_duration(1500),
           CostModel.quadratic_duration(1)]
@@ -32,7 +31,7 @@ def naive_cost(model: CostModel, count: int, max_len: int) -> Fraction:
 @given(st.sampled_from(MODELS), st.integers(0, 4096), st.integers(0, 10**6))
 def test_kernel_and_object_agree_with_the_formulas(model, count, max_len):
     scaled = int(model.scaled(count, max_len))
-    assert scaled == batch_cost(model.code, model.q, count, max_len)
+    assert scaled == batch_cost(*model.coefficients, count, max_len)  # the one kernel cost, every planner's
     assert scaled == naive_cost(model, count, max_len) * model.scale
     assert model.batch_cost(count, max_len) == pytest.approx(float(naive_cost(model, count, max_len)), rel=1e-12)
 
@@ -46,8 +45,9 @@ def test_vectorised_costs():
 
 
 def test_constructors_codes_and_scale():
-    assert [CostModel(k).code for k in ("linear", "quadratic")] == [0, 1]
-    assert CostModel.quadratic_duration(7).code == 2 and CostModel.quadratic_duration(7).scale == 7
+    # the one encoding kernels take (a kind code was a second one: gone)
+    assert [CostModel(k).coefficients for k in ("linear", "quadratic")] == [(0, 1), (1, 0)]
+    assert CostModel.quadratic_duration(7).coefficients == (1, 7) and CostModel.quadratic_duration(7).scale == 7
     assert CostModel.quadratic().scale == CostModel.linear().scale == 1
     assert CostModel() == CostModel.quadratic()
     assert KINDS == ("linear", "quadratic", "quadratic_duration")

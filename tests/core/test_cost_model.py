@@ -15,8 +15,7 @@ from streambatch.cli import main
 from streambatch.core.cost import CostModel, resolve_cost
 from streambatch.core.cost_fit import calibrate, design_shapes, features, fit_step
 from streambatch.planners import make_plan
-
-from helpers import examples
+from tests.support.helpers import examples
 
 
 def test_plain_models_keep_their_repr_and_kernel_form():

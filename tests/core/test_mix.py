@@ -10,10 +10,10 @@ from hypothesis import strategies as st
 
 from streambatch import make_plan
 from streambatch.core.mix import Mix, SourceSpec, apportion, specs_from
-from streambatch.planners.epoch import plan_epoch_steps
-from streambatch.planners.interleave import deficit_order, interleave_steps, step_counts
-
-from helpers import examples, lognormal_lengths
+from streambatch.epoch.in_memory import plan_epoch_steps
+from streambatch.epoch.interleave import interleave_steps, step_counts
+from streambatch.planners.step_order import deficit_order
+from tests.support.helpers import examples, lognormal_lengths
 
 
 @settings(max_examples=examples(200), deadline=None)
@@ -145,7 +145,7 @@ def test_mixed_epoch_realises_the_quotas_exactly():
         return make_plan(lens, 8000, 32, w, seed=seed, epoch=epoch, planner="bucketed")
 
     for e in range(3):
-        plan = plan_epoch_steps(lengths, fn, 4, 7, e, mix=mix).plan
+        plan = plan_epoch_steps(lengths, fn, 4, 7, e, mix=mix)[0]
         trained = plan.samples[: plan.offsets[-1]]
         got = np.bincount(mix.source_of(trained), minlength=2) - [0, 0]
         assert abs(got[0] - 1500) + abs(got[1] - 1000) <= plan.num_padded

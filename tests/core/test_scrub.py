@@ -30,8 +30,7 @@ from streambatch.core.redact import ScrubFilter, scrub, scrub_exception, scrub_o
 from streambatch.streaming import CacheError, ShardError, StreamingBatches, index_shards
 from streambatch.streaming.runtime.failures import FailureChannel
 from streambatch.streaming.shards.catalog import Catalog
-
-from shards import FPS, write_corpus
+from tests.support.shards import FPS, write_corpus
 
 TOKEN = "s3cr3tT0kenValue42"
 SIGNATURE = "a1b2c3d4e5f6SIGNATUREdeadbeef"
@@ -97,8 +96,9 @@ def test_scrub_options_and_exception_chain():
 
 
 def test_every_streambatch_logger_scrubs(caplog):
-    for module in ("dataset", "pipeline.samples", "epoch.plan", "runtime.failures", "io.retry", "io.disk", "io.cache"):
+    for module in ("dataset", "pipeline.samples", "runtime.failures", "io.retry", "io.disk", "io.cache"):
         __import__(f"streambatch.streaming.{module}")
+    __import__("streambatch.epoch.epoch_plan")
     __import__("streambatch.torch_glue.sampler")
     loggers = [logging.getLogger(n) for n in logging.root.manager.loggerDict if n.startswith("streambatch")]
     assert loggers

@@ -14,23 +14,20 @@ from streambatch import DynamicBatchSampler, make_plan
 from streambatch.core import state as S
 from streambatch.core.config import PlanConfig
 from streambatch.core.plan import config_fingerprint
+from streambatch.epoch.windows import WindowConfig
 from streambatch.streaming import StreamingBatches, index_shards, sidecar_path
-from streambatch.streaming.epoch.windows import WindowConfig
 from streambatch.streaming.shards.sidecar import read_arrays
-
-from helpers import Echo, lognormal_lengths
-from roundtrip import check_state_roundtrip
-from shards import FPS, write_corpus
+from tests.support.helpers import Echo, lognormal_lengths
+from tests.support.roundtrip import check_state_roundtrip
+from tests.support.shards import FPS
 
 BUDGET, CAP, WINDOW = 400, 12, 90
 
 
 @pytest.fixture(scope="module")
-def corpus(tmp_path_factory):
-    d = tmp_path_factory.mktemp("state")
-    brace, paths, expected = write_corpus(d, [37, 23, 41, 29, 35, 18], seed=3)
-    index_shards(brace, frames_per_second=FPS, workers=1, progress=False)
-    return brace, paths, expected
+def corpus(make_corpus):
+    c = make_corpus([37, 23, 41, 29, 35, 18], seed=3, name="state")
+    return c.brace, c.paths, c.expected
 
 
 def make(corpus, **kw):

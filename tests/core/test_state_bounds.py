@@ -21,10 +21,8 @@ import pytest
 
 from streambatch import DynamicBatchSampler
 from streambatch.planners import PLANNERS
-from streambatch.streaming import StreamingBatches, index_shards
-
-from helpers import lognormal_lengths
-from shards import FPS, write_corpus
+from streambatch.streaming import StreamingBatches
+from tests.support.helpers import lognormal_lengths
 
 LENGTHS = lognormal_lengths(400, seed=21)
 BUDGET, CAP, WINDOW = 400, 4, 90  # streaming: a few samples a batch, so each world takes several steps
@@ -73,11 +71,9 @@ def sampler(world: int = 2, rank: int = 0, lengths=LENGTHS, **kw) -> DynamicBatc
 
 
 @pytest.fixture(scope="module")
-def corpus(tmp_path_factory):
-    d = tmp_path_factory.mktemp("bounds")
-    brace, _, expected = write_corpus(d, [37, 23, 41, 29, 35, 18], seed=3)
-    index_shards(brace, frames_per_second=FPS, workers=1, progress=False)
-    return brace, expected
+def corpus(make_corpus):
+    c = make_corpus([37, 23, 41, 29, 35, 18], seed=3, name="bounds")
+    return c.brace, c.expected
 
 
 def stream(corpus, world: int = 2, rank: int = 0, **kw) -> StreamingBatches:

@@ -17,8 +17,7 @@ from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
 from streambatch import Plan, make_plan
-
-from helpers import examples
+from tests.support.helpers import examples
 
 pytestmark = pytest.mark.timeout(60)
 

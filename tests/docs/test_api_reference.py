@@ -13,8 +13,7 @@ import pytest
 
 import streambatch
 import streambatch.streaming
-
-from helpers import TESTS
+from tests.support.helpers import TESTS
 
 API = os.path.join(os.path.dirname(TESTS), "docs", "api")
 

@@ -10,7 +10,7 @@ import shutil
 
 import pytest
 
-from helpers import TESTS
+from tests.support.helpers import TESTS
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600),
               pytest.mark.skipif(importlib.util.find_spec("mkdocs") is None, reason="needs the docs extra")]

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from helpers import TESTS
+from tests.support.helpers import TESTS
 
 ROOT = os.path.dirname(TESTS)
 EXCERPT = re.compile(r"^# excerpt of (examples/[\w./-]+\.py)\s*$")
@@ -148,17 +148,20 @@ def run_bash(block: Block, cwd: str) -> None:
 @pytest.mark.parametrize("page", runnable_pages(), ids=lambda p: os.path.relpath(p, ROOT))
 def test_page_runs_as_written(page, tmp_path, monkeypatch):
     from streambatch.planners import PLANNERS
+    from streambatch.streaming import FORMATS
 
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
     monkeypatch.syspath_prepend(str(tmp_path))  # modules a page writes (# file: ...) import as from its directory
-    registered = dict(PLANNERS)
+    registered, formats = dict(PLANNERS), dict(FORMATS)
     modules = set(sys.modules)
     try:
         run_page(page, tmp_path)
-    finally:  # planners and modules a page registered stay with the page
+    finally:  # planners, corpus formats and modules a page registered stay with the page
         PLANNERS.clear()
         PLANNERS.update(registered)
+        FORMATS.clear()
+        FORMATS.update(formats)
         for name in set(sys.modules) - modules:
             if getattr(sys.modules[name], "__file__", "") and str(tmp_path) in sys.modules[name].__file__:
                 del sys.modules[name]

@@ -19,7 +19,7 @@ from importlib.util import find_spec
 
 import pytest
 
-from helpers import TESTS
+from tests.support.helpers import TESTS
 
 EXAMPLES = os.path.join(os.path.dirname(TESTS), "examples")
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
@@ -78,7 +78,7 @@ def test_streaming_local_streams_and_resumes_exactly(tmp_path):
 
 @needs("s3fs", "moto", "boto3")
 def test_streaming_s3_against_a_moto_server(tmp_path, monkeypatch):
-    from servers import S3_KEY, S3_SECRET, s3_server
+    from tests.support.servers import S3_KEY, S3_SECRET, s3_server
 
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", S3_KEY)
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", S3_SECRET)

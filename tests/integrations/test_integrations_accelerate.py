@@ -17,11 +17,20 @@ from torch.utils.data import DataLoader
 
 from streambatch import DynamicBatchSampler, StreamingBatches
 from streambatch.integrations import FixedLengthEpochs, GlobalBatchSampler
-from streambatch.streaming import index_shards
-
-from helpers import Echo, free_port
-from shards import FPS, write_corpus
-from trainer_runs import BUDGET, CAP, WORLD, check_epoch, lengths, plain_ddp, rank_env, read_ranks, write_json
+from tests.support.corpus import index_corpus
+from tests.support.helpers import Echo, free_port
+from tests.support.shards import write_corpus
+from tests.support.trainer_runs import (
+    BUDGET,
+    CAP,
+    WORLD,
+    check_epoch,
+    lengths,
+    plain_ddp,
+    rank_env,
+    read_ranks,
+    write_json,
+)
 
 
 def sampler(rank=0, planner="greedy", **kw):
@@ -92,7 +101,7 @@ def test_views_check_their_sampler():
 
 def test_streaming_batches_through_prepare_raises(tmp_path):
     brace, _, _ = write_corpus(tmp_path, [12, 9], seed=2)
-    index_shards(brace, frames_per_second=FPS, workers=1, progress=False)
+    index_corpus(brace)
     for dispatch in (False, True):
         ds = StreamingBatches(brace, rank=0, world_size=WORLD, **STREAM)
         loader = prepare_data_loader(DataLoader(ds, batch_size=None), num_processes=WORLD, process_index=0,
@@ -215,11 +224,9 @@ def test_two_processes_resume_through_save_state(tmp_path):
 # ---------------------------------------------------------------- StreamingBatches beside accelerate
 
 @pytest.fixture(scope="module")
-def corpus(tmp_path_factory):
-    d = tmp_path_factory.mktemp("acc")
-    brace, _, expected = write_corpus(d, [31, 27, 40, 22, 35], seed=5)
-    index_shards(brace, frames_per_second=FPS, workers=1, progress=False)
-    return brace, expected
+def corpus(make_corpus):
+    c = make_corpus([31, 27, 40, 22, 35], seed=5, name="acc")
+    return c.brace, c.expected
 
 
 def _streaming(rank, port, out, pattern, phase):

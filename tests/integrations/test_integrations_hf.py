@@ -12,8 +12,19 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
-from helpers import free_port
-from trainer_runs import BUDGET, CAP, WORLD, N, check_epoch, lengths, plain_ddp, rank_env, read_ranks, write_json
+from tests.support.helpers import free_port
+from tests.support.trainer_runs import (
+    BUDGET,
+    CAP,
+    WORLD,
+    N,
+    check_epoch,
+    lengths,
+    plain_ddp,
+    rank_env,
+    read_ranks,
+    write_json,
+)
 
 # multi-process Trainer runs; transformers is imported only by them (not at collection)
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(find_spec("transformers") is None or find_spec("accelerate") is None,

@@ -26,7 +26,7 @@ import torch
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(find_spec("lightning") is None,
                                                    reason="needs the integrations extra (lightning)")]
 
-HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # tests/: helpers and launchers
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # imports tests.support
 EPOCHS, WORKERS, EVERY = 3, 2, 17  # an epoch is 51 batches per process here: steps 17, 34, 51 are checkpoints
 STREAM = dict(max_batch_tokens=400, max_batch_size=12, window_samples=60)
 STREAM_EVERY = 3
@@ -40,8 +40,7 @@ def main(out: str, phase: str, data: str, checkpoint: str | None) -> None:
 
     from streambatch import DynamicBatchSampler, StreamingBatches
     from streambatch.integrations.lightning import sync_with_trainer
-
-    from trainer_runs import BUDGET, CAP, N, lengths
+    from tests.support.trainer_runs import BUDGET, CAP, N, lengths
 
     streaming = data != "map"
 
@@ -110,8 +109,7 @@ def test_lightning_refuses_to_wrap_the_sampler_and_sync_needs_reloading():
 
     from streambatch import DynamicBatchSampler
     from streambatch.integrations.lightning import sync_with_trainer
-
-    from helpers import Echo, lognormal_lengths
+    from tests.support.helpers import Echo, lognormal_lengths
 
     sampler = DynamicBatchSampler(lognormal_lengths(300), 3000, 16, rank=0, world_size=2)
     loader = DataLoader(Echo(), batch_sampler=sampler)
@@ -127,7 +125,7 @@ def test_lightning_refuses_to_wrap_the_sampler_and_sync_needs_reloading():
 
 
 def _launch(out, phase, checkpoint=None, data="map"):
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([HERE, os.path.dirname(HERE)]), OMP_NUM_THREADS="1")
+    env = dict(os.environ, PYTHONPATH=ROOT, OMP_NUM_THREADS="1")
     for key in ("LOCAL_RANK", "RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
         env.pop(key, None)
     args = [sys.executable, os.path.abspath(__file__), str(out), phase, data] + ([checkpoint] if checkpoint else [])
@@ -137,7 +135,7 @@ def _launch(out, phase, checkpoint=None, data="map"):
 
 
 def test_ddp_epochs_and_resumes_match_plain_ddp(tmp_path):
-    from trainer_runs import check_epoch, plain_ddp
+    from tests.support.trainer_runs import check_epoch, plain_ddp
 
     ref = plain_ddp(EPOCHS)
     assert len(ref[0][0]) == 3 * EVERY  # so that one step checkpoint falls on epoch 0's last batch
@@ -162,13 +160,12 @@ def test_ddp_epochs_and_resumes_match_plain_ddp(tmp_path):
 
 def test_streaming_epochs_and_mid_epoch_resume(tmp_path):
     from streambatch import StreamingBatches
-    from streambatch.streaming import index_shards
-
-    from shards import FPS, write_corpus
-    from trainer_runs import check_epoch
+    from tests.support.corpus import index_corpus
+    from tests.support.shards import write_corpus
+    from tests.support.trainer_runs import check_epoch
 
     pattern, _, expected = write_corpus(tmp_path / "shards", [31, 27, 40, 22, 35], seed=5)
-    index_shards(pattern, frames_per_second=FPS, workers=1, progress=False)
+    index_corpus(pattern)
     first = _launch(tmp_path, "first", data=pattern)
     index = {k: i for i, k in enumerate(sorted(expected))}
     for e in range(2):

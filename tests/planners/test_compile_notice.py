@@ -41,10 +41,11 @@ def test_the_line_is_logged_once_per_process(tmp_path, monkeypatch, caplog):
     monkeypatch.setattr(compile_notice, "_said", False)
     monkeypatch.setattr(compile_notice, "_seen", set())
     with caplog.at_level(logging.WARNING, logger="streambatch.planners"):
-        compile_notice.notice_if_cold("streambatch.fake_a.plan")
-        compile_notice.notice_if_cold("streambatch.fake_a.plan")
-        compile_notice.notice_if_cold("streambatch.fake_b.plan")
-        compile_notice.notice_if_cold("__main__")  # a planner registered from user code: not looked at
+        compile_notice.notice_if_cold("streambatch.fake_a.kernels")
+        compile_notice.notice_if_cold("streambatch.fake_a.kernels")
+        compile_notice.notice_if_cold("streambatch.fake_b.kernels")
+        compile_notice.notice_if_cold("")  # a planner registered from user code declares no kernels: not looked at
+        compile_notice.notice_if_cold("__main__.kernels")  # nor one outside the package
     lines = [r.getMessage() for r in caplog.records]
     assert len(lines) == 1 and "once per environment" in lines[0] and "fake_a" in lines[0], lines
 

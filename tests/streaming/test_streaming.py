@@ -14,23 +14,21 @@ import torch
 from torch.utils.data import DataLoader
 
 from streambatch.planners import PLANNERS
-from streambatch.streaming import ShardError, StreamingBatches, collate_audio, index_shards, sidecar_path
+from streambatch.streaming import ShardError, StreamingBatches, collate_audio, sidecar_path
 from streambatch.streaming.shards.lengths import length_spec
 from streambatch.streaming.shards.sidecar import read_arrays, shard_stat, write_sidecar
-
-from roundtrip import check_state_roundtrip
-from shards import FPS, SAMPLE_RATE, write_corpus
+from tests.support.corpus import index_corpus
+from tests.support.roundtrip import check_state_roundtrip
+from tests.support.shards import FPS, SAMPLE_RATE, write_corpus
 
 SIZES = [37, 23, 41, 0, 29, 35, 18, 44, 31, 26, 39, 22]
 BUDGET, CAP = 400, 12
 
 
 @pytest.fixture(scope="module")
-def corpus(tmp_path_factory):
-    d = tmp_path_factory.mktemp("stream")
-    brace, paths, expected = write_corpus(d, SIZES, seed=7)
-    index_shards(brace, frames_per_second=FPS, workers=1, progress=False)
-    return brace, paths, expected
+def corpus(make_corpus):
+    c = make_corpus(SIZES, seed=7, name="stream")
+    return c.brace, c.paths, c.expected
 
 
 def make(corpus, **kw):
@@ -87,7 +85,7 @@ def test_windows_carry_leftovers_instead_of_ragged_steps(corpus):
 
 
 def test_window_bounds():
-    from streambatch.streaming.epoch.windows import window_bounds
+    from streambatch.epoch.windows import window_bounds
 
     assert window_bounds(np.array([5, 5, 5, 5, 5]), 10).tolist() == [0, 2, 4, 5]  # 5 is half: its own window
     assert window_bounds(np.array([5, 5, 5, 5, 1]), 10).tolist() == [0, 2, 5]
@@ -99,8 +97,8 @@ def test_window_bounds():
 def test_balance_efficiency_on_audio_like_lengths():
     """Lengths-only planning over 100 shards of log-normal 0.5-30 s utterances
     at 50 frames/s, with the default window."""
-    from streambatch.streaming.epoch.modes import iter_windows
-    from streambatch.streaming.epoch.windows import WindowConfig
+    from streambatch.epoch.read_modes import iter_windows
+    from streambatch.epoch.windows import WindowConfig
 
     rng = np.random.default_rng(0)
     counts = np.full(100, 500, dtype=np.int64)
@@ -127,7 +125,7 @@ def test_deterministic_and_epochs_differ(corpus):
     other_seed = run_ranks(corpus, 2, epoch=1, seed=7)
     assert other_seed != a
     # the shard order really is shuffled per epoch, and seeded
-    from streambatch.streaming.epoch.windows import shard_order
+    from streambatch.epoch.windows import shard_order
 
     orders = {tuple(shard_order(12, 42, e, True)) for e in range(4)}
     assert len(orders) == 4 and tuple(shard_order(12, 42, 0, True)) == tuple(shard_order(12, 42, 0, True))
@@ -168,7 +166,7 @@ def test_spawned_persistent_workers_follow_set_epoch(corpus):
 
 def test_more_workers_and_ranks_than_shards(corpus, tmp_path):
     brace, paths, expected = write_corpus(tmp_path, [30, 34], seed=11)
-    index_shards(paths, frames_per_second=FPS, workers=1, progress=False)
+    index_corpus(paths)
     seen = []
     lens = set()
     for r in range(4):
@@ -295,7 +293,7 @@ def test_bad_arguments(corpus, tmp_path):
     with pytest.raises(ValueError, match="shard list is empty"):
         StreamingBatches([], 100)
     _, empty, _ = write_corpus(tmp_path, [0, 0], seed=1, prefix="empty")
-    index_shards(empty, frames_per_second=FPS, workers=1, progress=False)
+    index_corpus(empty)
     with pytest.raises(ValueError, match="hold no samples"):
         StreamingBatches(empty, 100)
 

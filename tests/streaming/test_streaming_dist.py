@@ -12,23 +12,18 @@ import sys
 import pytest
 import torch.multiprocessing as mp
 
-from streambatch.streaming import StreamingBatches, index_shards
-
-from helpers import TESTS, free_port
-from launch_torchrun import BUDGET, CAP, WINDOW, run_rank
-from shards import FPS, write_corpus
+from streambatch.streaming import StreamingBatches
+from tests.support.helpers import ROOT, SUPPORT, free_port
+from tests.support.launch_torchrun import BUDGET, CAP, WINDOW, run_rank
 
 pytestmark = pytest.mark.slow  # real multi-process runs
 
-HERE = TESTS
 
 
 @pytest.fixture(scope="module")
-def corpus(tmp_path_factory):
-    d = tmp_path_factory.mktemp("dist")
-    brace, paths, expected = write_corpus(d, [31, 27, 0, 40, 22, 35, 29, 18, 33], seed=13)
-    index_shards(brace, frames_per_second=FPS, workers=1, progress=False)
-    return brace, expected
+def corpus(make_corpus):
+    c = make_corpus([31, 27, 0, 40, 22, 35, 29, 18, 33], seed=13, name="dist")
+    return c.brace, c.expected
 
 
 def check_runs(out_dir, world, corpus, epochs=2):
@@ -70,11 +65,11 @@ def _spawned(rank, world, init_method, pattern, out_dir):
 
 def test_two_nodes_by_torchrun(corpus, tmp_path):
     port = free_port()
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join([HERE, os.path.dirname(HERE)]))
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=ROOT)
     procs = [
         subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--node-rank", str(i),
                           "--nproc-per-node", "2", "--master-addr", "127.0.0.1", "--master-port", str(port),
-                          os.path.join(HERE, "launch_torchrun.py"), corpus[0], str(tmp_path)],
+                          os.path.join(SUPPORT, "launch_torchrun.py"), corpus[0], str(tmp_path)],
                          env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
         for i in range(2)
     ]

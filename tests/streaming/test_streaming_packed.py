@@ -14,11 +14,10 @@ import torch
 from torch.utils.data import DataLoader
 
 from streambatch import collate_packed
-from streambatch.streaming import StreamingBatches, index_shards
+from streambatch.streaming import StreamingBatches
 from streambatch.streaming.shards.sources import Source
-
-from roundtrip import check_state_roundtrip
-from shards import FPS, SAMPLE_RATE, write_corpus
+from tests.support.roundtrip import check_state_roundtrip
+from tests.support.shards import FPS, SAMPLE_RATE
 
 SIZES = [37, 23, 41, 0, 29, 35, 18, 44, 31, 26, 39, 22, 30, 27]
 BUDGET, CAP = 400, 12
@@ -26,13 +25,10 @@ MODES = ["sample", "shard"]
 
 
 @pytest.fixture(scope="module")
-def corpus(tmp_path_factory):
-    d = tmp_path_factory.mktemp("packed")
-    brace, paths, expected = write_corpus(d, SIZES, seed=23)
-    index_shards(brace, frames_per_second=FPS, workers=1, progress=False)
-    b, _, kb = write_corpus(d / "b", [9, 14, 7], seed=24, prefix="b")
-    index_shards(b, frames_per_second=FPS, workers=1, progress=False)
-    return brace, expected, b, kb
+def corpus(make_corpus):
+    a = make_corpus(SIZES, seed=23, name="packed")
+    b = make_corpus([9, 14, 7], seed=24, prefix="b", name="packed-b")
+    return a.brace, a.expected, b.brace, b.expected
 
 
 def make(src, mode, rank=0, world=1, **kw):

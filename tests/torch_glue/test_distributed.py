@@ -12,7 +12,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch.utils.data import DataLoader
 
-from helpers import Echo, free_port
+from tests.support.helpers import Echo, free_port
 
 pytestmark = pytest.mark.slow  # real multi-process runs
 

@@ -12,10 +12,9 @@ from hypothesis import strategies as st
 from torch.utils.data import DataLoader
 
 from streambatch import DynamicBatchSampler
-from streambatch.planners.reference import padded_rank_batches, seed_rank_batches
-
-from helpers import Echo, examples, lognormal_lengths
-from roundtrip import check_state_roundtrip
+from streambatch.planners.greedy.reference import padded_rank_batches, seed_rank_batches
+from tests.support.helpers import Echo, examples, lognormal_lengths
+from tests.support.roundtrip import check_state_roundtrip
 
 
 @settings(max_examples=examples(60), deadline=None)

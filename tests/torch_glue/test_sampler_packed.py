@@ -13,9 +13,8 @@ import torch
 from torch.utils.data import DataLoader
 
 from streambatch import DynamicBatchSampler, collate_packed
-
-from helpers import lognormal_lengths
-from roundtrip import check_state_roundtrip
+from tests.support.helpers import lognormal_lengths
+from tests.support.roundtrip import check_state_roundtrip
 
 LENGTHS = lognormal_lengths(1500, seed=31)
 BUDGET, CAP = 6000, 32

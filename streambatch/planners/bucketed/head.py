@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .common import _cost, _helper, _new, _zeros
+from ..toolkit import _cost, _helper, _new, _zeros
 
 LONG = 16  # a sample is long when fewer than this many of its length fit the token budget
 POOL = 4  # the pool holds at most this many steps' worth of batches...

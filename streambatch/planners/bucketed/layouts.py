@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .common import _I64_MAX, _cost, _helper, _new
+from ..toolkit import _I64_MAX, _cost, _helper, _new
 
 # Weights of the waste terms when choosing a step's layout (``_waste_rate``),
 # roughly inverse to the slack the targets leave each: balance 0.98, padding

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .common import _helper, _mix, _new, njit
+from ..toolkit import _helper, _mix, _new, njit
 
 _TAGS = 512  # within-bucket shuffle: one radix pass over 512 random tags
 _TABLE_MAX = 1 << 22  # longest length a bucket lookup table is built for (else: bisection)

@@ -17,7 +17,7 @@ import random
 import numpy as np
 
 from ...core.jit import njit  # numba's, with a cache that may fail to save (core/jit.py)
-from ..bucketed.common import _helper
+from ..toolkit import _helper
 
 _N = 624
 _M = 397
@@ -25,22 +25,6 @@ _MASK32 = 0xFFFFFFFF
 _UPPER = 0x80000000
 _LOWER = 0x7FFFFFFF
 _MATRIX_A = 0x9908B0DF
-
-
-def seed_key(seed: int) -> np.ndarray:
-    """The ``init_by_array`` key CPython derives from an integer seed.
-
-    CPython seeds with ``abs(seed)`` split into 32-bit little-endian words
-    (``[0]`` for zero). Done in Python because seeds are arbitrary-size ints.
-
-    Returns: (n_words,) uint32.
-    """
-    n = abs(int(seed))
-    words = []
-    while n:
-        words.append(n & _MASK32)
-        n >>= 32
-    return np.array(words or [0], dtype=np.uint32)
 
 
 def mt_new(key: np.ndarray) -> np.ndarray:

@@ -1,73 +1,13 @@
-"""Kernels that put samples in planning order: a stable radix argsort by length
-and the seed's sort-then-chunk-shuffle ("sortish") ordering."""
+"""The kernel that puts samples in the seed's planning order: sort by length
+(the toolkit's stable radix argsort), then shuffle chunks ("sortish")."""
 
 from __future__ import annotations
 
 import numpy as np
 
 from ...core.jit import njit  # numba's, with a cache that may fail to save (core/jit.py)
-from ..bucketed.common import _helper, _zeros
+from ..toolkit import _radix_argsort
 from .mt19937 import _shuffle_slice
-
-_DIGIT_BITS = 11  # 2,048 buckets: the histogram stays in L1 cache
-_RADIX = 1 << _DIGIT_BITS
-
-
-@_helper
-def _radix_argsort(keys, out, tmp):
-    """Stable argsort of non-negative int64 ``keys`` into ``out``.
-
-    keys: (n,) int64 >= 0. out, tmp: (>= n,) integer scratch; the sorted
-    indices land in ``out[:n]``. Returns nothing. O(n * passes) with one
-    11-bit digit per pass; passes whose digit is constant are skipped.
-    """
-    n = keys.shape[0]
-    for i in range(n):
-        out[i] = i
-    if n < 2:
-        return
-    kmax = 0
-    for i in range(n):
-        if keys[i] > kmax:
-            kmax = keys[i]
-    counts = _zeros(np.int64(_RADIX))  # np.int64: a literal argument is one more specialisation
-    src = out
-    dst = tmp
-    in_tmp = False  # numba cannot compare arrays by identity, so track parity
-    shift = 0
-    while (kmax >> shift) > 0:
-        for d in range(_RADIX):
-            counts[d] = 0
-        for i in range(n):
-            counts[(keys[src[i]] >> shift) & (_RADIX - 1)] += 1
-        nonzero = 0
-        for d in range(_RADIX):
-            if counts[d] > 0:
-                nonzero += 1
-        if nonzero > 1:
-            total = 0
-            for d in range(_RADIX):
-                c = counts[d]
-                counts[d] = total
-                total += c
-            for i in range(n):
-                s = src[i]
-                d = (keys[s] >> shift) & (_RADIX - 1)
-                dst[counts[d]] = s
-                counts[d] += 1
-            src, dst = dst, src
-            in_tmp = not in_tmp
-        shift += _DIGIT_BITS
-    if in_tmp:
-        for i in range(n):
-            out[i] = src[i]
-
-
-@njit(cache=True, no_cfunc_wrapper=True, error_model="numpy")
-def radix_argsort(keys, out, tmp):
-    """``_radix_argsort`` callable from Python (tests): sortish_order calls the
-    helper, which has no CPython wrapper to compile on the first plan."""
-    _radix_argsort(keys, out, tmp)
 
 
 @njit(cache=True, no_cfunc_wrapper=True, error_model="numpy")

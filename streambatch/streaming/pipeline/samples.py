@@ -63,14 +63,18 @@ class OutputOptions:
 def _parse(raw: Raw | ShardError) -> tuple[Raw, dict[str, Any]] | ShardError:
     if isinstance(raw, ShardError):
         return raw
+    if raw.sample is not None:  # read whole by its layout (a Parquet row)
+        return raw, raw.sample
     try:
+        if raw.layout is not None:  # another corpus format's tar bytes (Shar, NeMo)
+            return raw, raw.layout.sample(raw.url, raw.offset, raw.key, raw.data, raw.info)
         return raw, parse_sample(raw.data, raw.url, raw.offset, raw.key)
     except ShardError as exc:
         return exc
 
 
 def parse(steps: Iterator[Step]) -> Iterator[Step]:
-    """Raw tar bytes -> (raw, sample dict) (``formats/tar_samples.parse_sample``)."""
+    """Raw tar bytes -> (raw, sample dict) (``formats/tar_samples.parse_sample``, or the sample's layout)."""
     for step in steps:
         yield Step(step.index, map(_parse, step.samples))
 

@@ -26,10 +26,10 @@ from ...core import state as S
 from ...core.config import check_epoch
 from ...core.plan import config_fingerprint
 from ...core.state import differences, max_world, read_state, state_int
-from ...planners.elastic import Segments, read_history, resize
+from ...epoch.elastic import Segments, read_history, resize
+from ...epoch.epoch_plan import EpochPlan
 from ...torch_glue.distributed import active, agree
 from ...torch_glue.elastic import dataset_state_from_loader, is_loader_state
-from ..epoch.plan import EpochPlan
 from ..runtime.counters import MAX_WORKERS
 
 
@@ -102,8 +102,7 @@ def legacy_fingerprint(config: Any, catalog: Any) -> str:
     c = config
     key = (c.max_batch_tokens, c.max_batch_size, c.world_size, c.window_samples, c.shuffle, c.drop_last, c.seed,
            c.planner, repr(c.planner_options))
-    if c.read_mode != "sample":
-        key += (c.read_mode,)
+    key += c.mode_tag  # the read mode's part of a key (nothing for "sample")
     h = hashlib.blake2b(digest_size=8)
     h.update((catalog.fingerprint() + repr(key)).encode())
     return h.hexdigest()

@@ -28,9 +28,9 @@ from typing import Any
 import numpy as np
 
 from ...core import state as S
-from ...planners.elastic import Segments, history_digest
+from ...epoch.elastic import Segments, history_digest
+from ...epoch.windows import Window
 from ...torch_glue.elastic import SharedSegments
-from ..epoch.windows import Window
 from ..runtime.counters import SharedState
 
 

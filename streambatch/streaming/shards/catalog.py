@@ -52,7 +52,10 @@ class Catalog:
     as opened. ``lengths(s)`` comes from memory, ``table(s)`` from the sidecar.
     sizes: (S,) int64 shard bytes as indexed (-1: unknown) and etags (S,) str
     ('' : unknown), for remote shards; storage_options reach remote sidecars.
-    A catalog file (``catalog_file.py``) gives all of these in one read."""
+    A catalog file (``catalog_file.py``) gives all of these in one read.
+    layouts: per shard, how a corpus format other than WebDataset reads it
+    (``corpora/base.Layout``: its sample table and sample dicts), or None for
+    every shard: WebDataset tars with sidecars."""
 
     urls: tuple[str, ...]
     sidecars: tuple[str, ...]
@@ -63,6 +66,7 @@ class Catalog:
     sizes: np.ndarray | None = field(default=None, repr=False)
     etags: tuple[str, ...] | None = field(default=None, repr=False)
     storage_options: dict | None = field(default=None, repr=False)
+    layouts: tuple[Any, ...] | None = field(default=None, repr=False)
 
     @property
     def num_samples(self) -> int:
@@ -71,9 +75,13 @@ class Catalog:
     @cached_property
     def local(self) -> np.ndarray:
         """(S,) bool: shard s is a local file, read by offset (``os.pread``); else
-        a remote object or a stream, read through the node-local cache. Decided
-        once per shard, here."""
+        a remote object or a stream, read through the node-local cache (a remote
+        Parquet file too: its row groups). Decided once per shard, here."""
         return np.array([is_local(u) for u in self.urls], dtype=bool)
+
+    def layout(self, shard: int) -> Any:
+        """The layout that reads shard ``shard`` (``corpora/base.Layout``), or None: a WebDataset tar."""
+        return self.layouts[shard] if self.layouts is not None else None
 
     def lengths(self, shard: int) -> np.ndarray:
         """(n,) int64 planning lengths of one shard's samples, in tar order,
@@ -83,7 +91,11 @@ class Catalog:
     def table(self, shard: int, copy: str | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(keys (n,) bytes, offsets (n,) int64, sizes (n,) int64) of one
         shard, validated, and the same as when the catalog was opened.
-        ``copy``: a local copy of a remote sidecar to read instead."""
+        ``copy``: a local copy of a remote sidecar to read instead. A shard of
+        another corpus format gets its table from its layout."""
+        layout = self.layout(shard)
+        if layout is not None:
+            return layout.table(self, shard, copy)
         path, url = self.sidecars[shard], self.urls[shard]
         try:
             with SidecarFile(copy or path, self.storage_options) as sc:

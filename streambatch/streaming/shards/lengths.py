@@ -1,5 +1,5 @@
 """Where a sample's planning length comes from: a JSON field, an audio header,
-or a function of the sample; seconds become frames by ``seconds_to_frames``.
+a Parquet column, or a function of the sample; seconds become frames by ``seconds_to_frames``.
 
 Stream: one length per sample (from a JSON field, an audio header or a function)."""
 
@@ -21,9 +21,11 @@ from ..formats.audio import AUDIO_EXTS, NeedMoreBytes, audio_ext, audio_info
 class LengthSpec:
     """Where a sample's planning length comes from.
 
-    ``json:FIELD`` (dotted path into the ``.json`` member), ``audio`` (frame
-    count of the first audio member, from its header) or ``audio:SUFFIX``, or
-    a function of the raw sample dict. With ``frames_per_second`` the value is
+    ``json:FIELD`` (dotted path into the ``.json`` member; for Lhotse Shar
+    and NeMo corpora into each cut / manifest entry), ``audio`` (frame count
+    of the first audio member, from its header) or ``audio:SUFFIX``,
+    ``column:NAME`` (a Parquet column, read alone), or a function of the raw
+    sample dict. With ``frames_per_second`` the value is
     seconds and the length is ``ceil(seconds * frames_per_second)``; without
     it the value must already be an integer count.
     """
@@ -39,6 +41,8 @@ class LengthSpec:
             base = "json:" + ".".join(self.field)
         elif self.source == "audio":
             base = "audio" + (f":{self.suffix}" if self.suffix else "")
+        elif self.source == "column":
+            base = "column:" + self.field[0]
         else:
             base = f"fn:{getattr(self.fn, '__module__', '?')}.{getattr(self.fn, '__qualname__', repr(self.fn))}"
         return base if self.frames_per_second is None else f"{base}*{self.frames_per_second:g}/s"
@@ -58,6 +62,9 @@ class LengthSpec:
 
     def wants(self, suffix: str) -> bool:
         """Does computing the length need (part of) this member?"""
+        if self.source == "column":  # a Parquet column: tar members never hold it
+            raise ValueError(f"length_from={self.describe()!r} names a Parquet column; tar shards take "
+                             "'json:FIELD', 'audio' or a function")
         if self.source == "json":
             return suffix == "json" or suffix.endswith(".json")
         if self.source == "audio":
@@ -127,6 +134,8 @@ def length_spec(length_from: LengthFrom = "json:duration", frames_per_second: fl
             return LengthSpec("json", field=tuple(length_from[5:].split(".")), frames_per_second=fps)
         if length_from == "audio":
             return LengthSpec("audio", frames_per_second=fps)
+        if length_from.startswith("column:") and len(length_from) > 7:
+            return LengthSpec("column", field=(length_from[7:],), frames_per_second=fps)
         if length_from.startswith("audio:") and len(length_from) > 6:
             suffix = length_from[6:].lower()
             if audio_ext(suffix) is None:
@@ -137,8 +146,8 @@ def length_spec(length_from: LengthFrom = "json:duration", frames_per_second: fl
                     "of the sample as length_from")
             return LengthSpec("audio", suffix=suffix, frames_per_second=fps)
     raise ValueError(
-        f"length_from must be 'json:FIELD' (e.g. 'json:duration'), 'audio', 'audio:SUFFIX' or a function "
-        f"of the sample dict, got {length_from!r}"
+        f"length_from must be 'json:FIELD' (e.g. 'json:duration'), 'audio', 'audio:SUFFIX', 'column:NAME' "
+        f"(a Parquet column) or a function of the sample dict, got {length_from!r}"
     )
 
 

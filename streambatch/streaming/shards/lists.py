@@ -2,9 +2,10 @@
 expanded once, and the catalog opened from them.
 
 ``urls`` is one shard list (a brace pattern, a path, a list of them, or a
-``*.catalog.npz`` file) or a mix of ``Source`` entries, each with its own
-list. A list is expanded (``io/urls.expand_urls``) the first time its URLs
-are needed, and a catalog file read the first time (one request), and kept:
+``*.catalog.npz`` file; or a corpus of another format: ``corpora/``) or a
+mix of ``Source`` entries, each with its own list. A list is expanded
+(``io/urls.expand_urls``) the first time its URLs are needed, and a catalog
+file read the first time (one request), and kept:
 choosing the read mode, indexing missing shards across ranks and opening the
 catalog all use the same expansion.
 
@@ -25,6 +26,7 @@ from ..io.remote_io import RemoteOptions
 from ..io.urls import expand_urls, is_local
 from .catalog import Catalog, from_contents, open_urls
 from .catalog_file import is_catalog, read_catalog
+from .corpora import OpenSettings, WebDataset, resolve
 from .indexer import index_shards
 from .sources import Source, SourceCatalog, is_sources, mix_sources, source_label
 
@@ -54,15 +56,29 @@ class ShardList:
     catalog's entries checked against ``remote.trust`` (``catalog_trust.py``).
     """
 
-    def __init__(self, given: Any, index_dir: str | None):
-        self.given, self.index_dir = given, index_dir
+    def __init__(self, given: Any, index_dir: str | None, format: str | None = None):
+        # the corpus format: named, or detected from what was given (corpora/__init__.resolve)
+        self.format, self.spec = resolve(given, format)
+        self.webdataset = self.format.name == "webdataset"  # WebDataset tars: sidecars, catalog files, indexing
+        self.given = self.spec.urls if isinstance(self.spec, WebDataset) else given
+        self.index_dir = index_dir
         self._urls: list[str] | None = None
         self._contents: dict[str, Any] | None = None
 
     @property
     def catalog_file(self) -> str | None:
         """The path of the catalog file this list is, or None."""
-        return os.fspath(self.given) if is_catalog(self.given) else None
+        return os.fspath(self.given) if self.webdataset and is_catalog(self.given) else None
+
+    def settings(self, index: IndexOptions, remote: RemoteOptions) -> OpenSettings:
+        """How a corpus of another format opens (``corpora/base.OpenSettings``)."""
+        return OpenSettings(index.length_from, index.frames_per_second, remote.storage_options, remote.retry,
+                            self.index_dir)
+
+    def by_offset(self, remote: RemoteOptions) -> bool:
+        """Every shard is a local file read by sample offsets (the default read mode is then ``"sample"``);
+        a Parquet corpus reads row groups, which ranks share only in shard mode."""
+        return self.format.tar and all(is_local(u) for u in self.urls(remote))
 
     def contents(self, remote: RemoteOptions) -> dict[str, Any]:
         """A catalog file's contents (``catalog_file.read_catalog``), read once."""
@@ -74,11 +90,20 @@ class ShardList:
     def urls(self, remote: RemoteOptions) -> list[str]:
         """The shard URLs, in the order given."""
         if self._urls is None:
-            self._urls = list(self.contents(remote)["urls"]) if self.catalog_file else expand_urls(self.given)
+            if not self.webdataset:
+                self._urls = self.spec.shard_urls(OpenSettings(storage_options=remote.storage_options,
+                                                               retry=remote.retry))
+            elif self.catalog_file:
+                self._urls = list(self.contents(remote)["urls"])
+            else:
+                self._urls = expand_urls(self.given)
         return self._urls
 
     def open(self, index: IndexOptions, remote: RemoteOptions) -> Catalog:
-        """This list's catalog: from the catalog file, or from each shard's sidecar."""
+        """This list's catalog: from the catalog file, or from each shard's sidecar; a corpus of another
+        format from its own metadata (``corpora/``)."""
+        if not self.webdataset:
+            return self.spec.open(self.settings(index, remote))
         if self.catalog_file:
             return from_contents(self.catalog_file, self.contents(remote), index.length_from,
                                  index.frames_per_second, remote.storage_options)
@@ -91,7 +116,7 @@ class ShardList:
         """With ``index_missing`` under torch.distributed: index 1/W of this
         list's local shards (shard i if i % W == rank; those with a current
         sidecar are skipped). A catalog file needs no indexing."""
-        if self.catalog_file:
+        if self.catalog_file or not self.webdataset:
             return
         mine = [u for i, u in enumerate(self.urls(remote)) if i % world_size == rank and is_local(u)]
         if mine:
@@ -108,19 +133,21 @@ class ShardLists:
     source's own ``index_dir`` first).
     """
 
-    def __init__(self, urls: Any, *, samples_per_epoch: IntLike | None = None, index_dir: str | None = None):
+    def __init__(self, urls: Any, *, samples_per_epoch: IntLike | None = None, index_dir: str | None = None,
+                 format: str | None = None):
         self.mixed = is_sources(urls)
         if samples_per_epoch is not None and not self.mixed:
             raise ValueError("samples_per_epoch applies to a mix of Source(...) entries; with one shard list "
                              "every sample is trained once per epoch")
         self.samples_per_epoch = samples_per_epoch
         self.sources: list[Source] = ([urls] if isinstance(urls, Source) else list(urls)) if self.mixed else []
-        given = [(s.urls, s.index_dir or index_dir) for s in self.sources] if self.mixed else [(urls, index_dir)]
-        self.lists = [ShardList(u, d) for u, d in given]
+        given = ([(s.urls, s.index_dir or index_dir, s.format or format) for s in self.sources] if self.mixed
+                 else [(urls, index_dir, format)])
+        self.lists = [ShardList(u, d, f) for u, d, f in given]
 
     def all_local(self, remote: RemoteOptions) -> bool:
-        """Every shard of every list is a local file."""
-        return all(is_local(u) for lst in self.lists for u in lst.urls(remote))
+        """Every shard of every list is a local file read by offset (``ShardList.by_offset``)."""
+        return all(lst.by_offset(remote) for lst in self.lists)
 
     def index_shares(self, rank: int, world_size: int, index: IndexOptions, remote: RemoteOptions) -> None:
         """With ``index_missing`` under torch.distributed: each rank indexes

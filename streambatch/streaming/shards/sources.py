@@ -48,14 +48,17 @@ class Source:
         epoch (default 1: every sample once per epoch).
     index_dir: where its sidecars are (default: the dataset's ``index_dir``).
     name: a label for reports (default: ``source{i}``).
+    format: its corpus format (``"shar"``, ``"nemo"``, ``"parquet"``, ``"webdataset"``; default: the
+        dataset's ``format``, else detected from ``urls``, which may also be a format's spec object).
     """
 
-    urls: UrlsLike
+    urls: UrlsLike | Any
     weight: float | None = None
     samples: int | None = None
     repeat: float | None = None
     index_dir: str | None = None
     name: str | None = None
+    format: str | None = None
 
     def __post_init__(self) -> None:
         self.spec()  # validate now, naming the bad value
@@ -126,5 +129,8 @@ def _concat(cats: list[Catalog]) -> Catalog:
     all_lengths = np.concatenate([c.all_lengths.astype(dtype, copy=False) for c in cats])
     counts = np.concatenate([c.counts for c in cats]).astype(np.int64)
     starts = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+    layouts = None
+    if any(c.layouts is not None for c in cats):  # sources of other formats: each shard keeps its layout
+        layouts = tuple(lay for c in cats for lay in (c.layouts or (None,) * len(c.urls)))
     return Catalog(tuple(u for c in cats for u in c.urls), tuple(p for c in cats for p in c.sidecars), counts,
-                   tuple(d for c in cats for d in c.digests), all_lengths, starts)
+                   tuple(d for c in cats for d in c.digests), all_lengths, starts, layouts=layouts)

@@ -18,13 +18,12 @@ import pytest
 import soundfile
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from test_tar_fuzz import URL, Stream, bounded, check_scan, finish, member, pax, record
 
 from streambatch.streaming import ShardError, StreamingBatches, index_shards
 from streambatch.streaming.formats.tar import TarScanner
 from streambatch.streaming.formats.tar_samples import parse_sample, sample_groups
-
-from helpers import examples
+from tests.streaming.formats.test_tar_fuzz import URL, Stream, bounded, check_scan, finish, member, pax, record
+from tests.support.helpers import examples
 
 GNU_TAR = shutil.which("tar")
 FRAMES = 400_000  # 25 s at 16 kHz: 800,044 bytes of 16-bit WAV, mostly silence
@@ -528,7 +527,7 @@ def small_sparse_shards(tmp_path_factory):
 def test_sparse_shards_over_http(holey_dir, writer, tmp_path):
     # Remote indexing reads member heads through ranged GETs (a 512-byte WAV head, rebuilt from the
     # map); streaming downloads the shard; both give tarfile's bytes and the real frame counts.
-    from servers import nginx_server
+    from tests.support.servers import nginx_server
 
     path = make_sparse_tar(holey_dir, writer)
     root = tmp_path / "www"

@@ -20,8 +20,7 @@ from hypothesis import strategies as st
 from streambatch.streaming import ShardError, index_shards
 from streambatch.streaming.formats.tar import TarScanner
 from streambatch.streaming.formats.tar_samples import parse_sample, sample_groups
-
-from helpers import examples
+from tests.support.helpers import examples
 
 URL = "mem/shard-000.tar"
 RECORD = 10240  # tar writers pad archives to a multiple of this

@@ -17,8 +17,7 @@ from torch.utils.data import DataLoader
 
 from streambatch.streaming import StreamingBatches, index_shards
 from streambatch.streaming.io.cache import ShardCache, ShardRef
-
-from shards import FPS, write_corpus
+from tests.support.shards import FPS
 
 BUDGET, CAP = 2000, 8
 SHARDS, PER_SHARD, WINDOW, WORLD = 36, 20, 120, 2
@@ -44,13 +43,9 @@ def documented_bound(paths: list[str], workers: int) -> int:
 
 
 @pytest.fixture(scope="module")
-def corpus(tmp_path_factory):
-    d = tmp_path_factory.mktemp("bounds")
-    brace, paths, _ = write_corpus(d / "d", [PER_SHARD] * SHARDS, seed=11, median=0.5, longest=0.6)
-    idx = str(d / "idx")
-    pipes = [f"pipe:cat {p}" for p in paths]
-    index_shards(pipes, frames_per_second=FPS, workers=1, progress=False, index_dir=idx)
-    return str(d / "d"), paths, pipes, idx
+def corpus(make_corpus):
+    c = make_corpus([PER_SHARD] * SHARDS, seed=11, median=0.5, longest=0.6, name="bounds", local=False, pipes=True)
+    return c.directory, c.paths, c.pipes, c.index_dir
 
 
 def early_stopped_passes(urls, idx, cache, workers, passes=8, stop_after=3):
@@ -176,7 +171,7 @@ def test_prefetch_order_and_bounds_with_the_cursor(corpus, tmp_path):
 @pytest.mark.slow
 @pytest.mark.parametrize("workers", [0, 2])
 def test_early_stopped_passes_over_http_stay_within_the_bound(corpus, tmp_path, workers):
-    from servers import nginx_server
+    from tests.support.servers import nginx_server
 
     root, paths, _, _ = corpus
     with nginx_server(root) as ng:

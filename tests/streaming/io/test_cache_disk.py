@@ -19,25 +19,19 @@ import uuid
 import pytest
 from torch.utils.data import DataLoader
 
-from streambatch.streaming import ShardError, StreamingBatches, index_shards
+from streambatch.streaming import ShardError, StreamingBatches
 from streambatch.streaming.errors import CacheError
 from streambatch.streaming.io.cache import ShardCache, ShardRef
 from streambatch.streaming.io.retry import RetryPolicy, is_transient
-
-from shards import FPS, write_corpus
 
 BUDGET, CAP, WINDOW = 2000, 16, 40
 SIZES = [20] * 8  # ~200 KB a shard, 1.6 MB in all
 
 
 @pytest.fixture(scope="module")
-def corpus(tmp_path_factory):
-    d = tmp_path_factory.mktemp("disk")
-    _, paths, _ = write_corpus(d / "d", SIZES, seed=1, median=0.5, longest=0.6)
-    pipes = [f"pipe:cat {p}" for p in paths]
-    idx = str(d / "idx")
-    index_shards(pipes, frames_per_second=FPS, workers=1, progress=False, index_dir=idx)
-    return paths, pipes, idx
+def corpus(make_corpus):
+    c = make_corpus(SIZES, seed=1, median=0.5, longest=0.6, name="disk", local=False, pipes=True)
+    return c.paths, c.pipes, c.index_dir
 
 
 @contextlib.contextmanager

@@ -15,18 +15,17 @@ import shutil
 import time
 
 import pytest
-from cloud_servers import azurite_server, gcs_server
-from launch_remote import BUDGET, CAP, WINDOW
-from test_remote_servers import _check_world, _run_world, keys, local_epochs, speech_shards
 from torch.utils.data import DataLoader
 
 from streambatch.streaming import ShardError, StreamingBatches, index_shards
 from streambatch.streaming.io.remote import RemoteShard
 from streambatch.streaming.io.retry import RetryPolicy
 from streambatch.streaming.shards.sidecar import read_arrays, sidecar_path
-
-from servers import FaultProxy, nginx_server
-from shards import FPS, write_corpus
+from tests.streaming.io.test_remote_servers import _check_world, _run_world, keys, local_epochs, speech_shards
+from tests.support.cloud_servers import azurite_server, gcs_server
+from tests.support.launch_remote import BUDGET, CAP, WINDOW
+from tests.support.servers import FaultProxy, nginx_server
+from tests.support.shards import FPS
 
 pytestmark = pytest.mark.slow
 
@@ -36,11 +35,9 @@ BACKENDS = ["gs", "az"]
 
 
 @pytest.fixture(scope="module")
-def corpus(tmp_path_factory):
-    d = tmp_path_factory.mktemp("shards")
-    brace, paths, expected = write_corpus(d, SIZES, seed=5)
-    index_shards(brace, frames_per_second=FPS, workers=1, progress=False)
-    return str(d), brace, paths, expected
+def corpus(make_corpus):
+    c = make_corpus(SIZES, seed=5, name="shards")
+    return c.directory, c.brace, c.paths, c.expected
 
 
 class Store:

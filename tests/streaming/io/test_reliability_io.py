@@ -22,18 +22,16 @@ import webdataset as wds
 from streambatch.streaming import ShardError, StreamingBatches, index_shards, sidecar_path
 from streambatch.streaming.io.reader import LocalReader
 from streambatch.streaming.shards.sidecar import read_arrays, read_meta
-
-from shards import FPS, audio_bytes, write_corpus
+from tests.support.corpus import index_corpus
+from tests.support.shards import FPS, audio_bytes, write_corpus
 
 BUDGET, CAP = 400, 12
 
 
 @pytest.fixture(scope="module")
-def corpus(tmp_path_factory):
-    d = tmp_path_factory.mktemp("rel")
-    _, paths, expected = write_corpus(d, [9, 12, 7, 11, 10, 8], seed=11)
-    index_shards(paths, frames_per_second=FPS, workers=1, progress=False)
-    return paths, expected
+def corpus(make_corpus):
+    c = make_corpus([9, 12, 7, 11, 10, 8], seed=11, name="rel")
+    return c.paths, c.expected
 
 
 def make(paths, **kw):
@@ -69,7 +67,7 @@ def one_line_naming(exc: BaseException, *words: str) -> None:
 
 def test_reindex_while_ranks_stream_changes_nothing(tmp_path):
     _, paths, expected = write_corpus(tmp_path, [8] * 10, seed=5)
-    index_shards(paths, frames_per_second=FPS, workers=1, progress=False)
+    index_corpus(paths)
     ref = [keys_of(make(paths, window_samples=20, rank=r, world_size=2)) for r in range(2)]
     later = make(paths, window_samples=20, rank=0, world_size=2)
     later.set_epoch(1)
@@ -100,11 +98,11 @@ def test_reindex_while_ranks_stream_changes_nothing(tmp_path):
 def test_shard_replaced_while_streaming_is_a_clear_error_on_every_rank(tmp_path):
     _, paths, _ = write_corpus(tmp_path / "a", [8] * 4, seed=1)
     _, other, _ = write_corpus(tmp_path / "b", [8] * 4, seed=2)
-    index_shards(paths, frames_per_second=FPS, workers=1, progress=False)
+    index_corpus(paths)
     ds = [make(paths, window_samples=1000, rank=r, world_size=2, shuffle=False) for r in range(2)]
     for i, p in enumerate(paths):  # the shards themselves replaced and re-indexed before the first read
         os.replace(other[i], p)
-    index_shards(paths, frames_per_second=FPS, workers=1, progress=False)
+    index_corpus(paths)
     for d in ds:
         with pytest.raises(ShardError, match=r"sidecar .*train-00000\d\.tar\.idx\.npz.* changed since this job "
                                              r"opened it"):
@@ -141,7 +139,7 @@ def test_reader_keeps_a_bounded_number_of_descriptors(corpus):
 
 def test_window_of_many_shards_under_a_low_descriptor_limit(tmp_path):
     _, paths, expected = write_corpus(tmp_path, [1] * 120, seed=9)
-    index_shards(paths, frames_per_second=FPS, workers=1, progress=False)
+    index_corpus(paths)
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     for on_error in ("raise", "skip"):
         ds = make(paths, window_samples=10_000, on_error=on_error)  # one window holds all 120 shards
@@ -188,13 +186,13 @@ def _edit_mid_json(path: str) -> None:
 
 def test_same_size_edit_with_mtime_kept_is_caught_by_full_verification(tmp_path):
     _, paths, _ = write_corpus(tmp_path, [60, 5], seed=4)
-    index_shards(paths, frames_per_second=FPS, workers=1, progress=False)
+    index_corpus(paths)
     assert "content" in read_meta(sidecar_path(paths[0]))
     _edit_mid_json(paths[0])
     make(paths)  # the cheap check trusts an unchanged size and mtime (documented)
     with pytest.raises(FileNotFoundError, match=r"stale sidecar: the shard's content changed.*--force"):
         make(paths, verify="full")
-    index_shards(paths, frames_per_second=FPS, workers=1, progress=False, force=True)
+    index_corpus(paths, force=True)
     assert len(make(paths, verify="full")) > 0
 
 
@@ -202,7 +200,7 @@ def test_full_verification_of_streams(tmp_path):
     _, paths, _ = write_corpus(tmp_path, [5, 7], seed=1)
     pipes, idx = [f"pipe:cat {p}" for p in paths], str(tmp_path / "idx")
     index_shards(pipes, frames_per_second=FPS, index_dir=idx, workers=1, progress=False)
-    index_shards(paths, frames_per_second=FPS, workers=1, progress=False)
+    index_corpus(paths)
     # the digest taken while scanning a stream is the file's
     assert read_meta(sidecar_path(pipes[1], idx))["content"] == read_meta(sidecar_path(paths[1]))["content"]
     assert sum(len(b) for b in make(pipes, index_dir=idx, verify="full")) == 12
@@ -216,7 +214,7 @@ def test_full_verification_of_streams(tmp_path):
 
 def test_same_size_edit_with_new_mtime_is_caught_by_the_cheap_check(tmp_path):
     _, paths, _ = write_corpus(tmp_path, [60], seed=4)
-    index_shards(paths, frames_per_second=FPS, workers=1, progress=False)
+    index_corpus(paths)
     data = bytearray(Path(paths[0]).read_bytes())
     at = data.index(b'"duration": 0.')  # in the head probe
     data[at + 12] = ord("9")
@@ -257,7 +255,7 @@ def test_length_functions_that_overflow_or_raise(tmp_path, fn):
 def test_deeply_nested_json(tmp_path):
     path = json_shard(tmp_path / "deep.tar", [0.5, b'{"duration": ' + b"[" * 200_000 + b"]" * 200_000 + b"}"])
     with pytest.raises(ValueError) as info:
-        index_shards([path], frames_per_second=FPS, workers=1, progress=False)
+        index_corpus([path])
     one_line_naming(info.value, "deep.tar", "utt001")
 
 

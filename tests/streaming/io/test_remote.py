@@ -15,29 +15,25 @@ import pytest
 from torch.utils.data import DataLoader
 
 from streambatch.core.redact import scrub, scrub_options, scrub_url
+from streambatch.epoch.windows import worker_steps
 from streambatch.streaming import ShardError, StreamingBatches, index_shards
-from streambatch.streaming.epoch.windows import worker_steps
 from streambatch.streaming.io.cache import ShardCache, ShardRef
 from streambatch.streaming.io.disk import run_dir, sweep_dead_runs
 from streambatch.streaming.io.objects import filesystem, is_remote, object_identity
 from streambatch.streaming.io.remote import RemoteShard
 from streambatch.streaming.io.retry import HTTPStatusError, RetryPolicy, ShortRead, is_transient
 from streambatch.streaming.pipeline.steps import lookahead
-
-from shards import FPS, write_corpus
+from tests.support.corpus import index_corpus
+from tests.support.shards import FPS, write_corpus
 
 SIZES = [21, 17, 0, 25, 19, 23, 14]
 BUDGET, CAP = 400, 12
 
 
 @pytest.fixture(scope="module")
-def corpus(tmp_path_factory):
-    d = tmp_path_factory.mktemp("remote")
-    brace, paths, expected = write_corpus(d, SIZES, seed=3)
-    index_shards(brace, frames_per_second=FPS, workers=1, progress=False)
-    idx = str(d / "idx")
-    pipes = [f"pipe:cat {p}" for p in paths]
-    index_shards(pipes, frames_per_second=FPS, workers=1, progress=False, index_dir=idx)
+def corpus(make_corpus):
+    c = make_corpus(SIZES, seed=3, name="remote", pipes=True)
+    brace, paths, expected, pipes, idx = c.brace, c.paths, c.expected, c.pipes, c.index_dir
     return brace, paths, pipes, idx, expected
 
 
@@ -197,10 +193,10 @@ def test_parts_merge_into_the_catalog_and_reruns_skip_current_sidecars(tmp_path)
 
     brace, paths, expected = write_corpus(tmp_path / "d", SIZES, seed=9)
     one = str(tmp_path / "one.catalog.npz")
-    index_shards(brace, frames_per_second=FPS, workers=1, progress=False, catalog=one)
+    index_corpus(brace, catalog=one)
     parted = str(tmp_path / "parted.catalog.npz")
     for i in range(3):
-        s = index_shards(brace, frames_per_second=FPS, workers=1, progress=False, part=f"{i}/3", catalog=parted)
+        s = index_corpus(brace, part=f"{i}/3", catalog=parted)
         assert s.shards == len(range(i, len(SIZES), 3)) and s.indexed == 0  # sidecars already current
     with pytest.raises(FileNotFoundError, match="part"):
         merge_catalog(brace, 4, catalog=parted)
@@ -242,13 +238,11 @@ def test_index_split_and_merged_under_torchrun(tmp_path):
     import sys
 
     from streambatch.streaming.shards.catalog_file import read_catalog
-
-    from helpers import TESTS, free_port
+    from tests.support.helpers import ROOT, free_port
 
     brace, paths, _ = write_corpus(tmp_path / "d", SIZES, seed=4)
     cat = str(tmp_path / "t.catalog.npz")
-    here = TESTS
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join([here, os.path.dirname(here)]))
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=ROOT)
     out = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
                           "--master-addr", "127.0.0.1", "--master-port", str(free_port()), "-m", "streambatch.cli",
                           "index", brace, "--fps", str(FPS), "--workers", "1", "--catalog", cat],

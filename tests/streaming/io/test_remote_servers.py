@@ -17,16 +17,15 @@ import pytest
 import soundfile
 import torch.multiprocessing as mp
 import webdataset as wds
-from launch_remote import BUDGET, CAP, WINDOW, run_rank
 from torch.utils.data import DataLoader
 
 from streambatch.streaming import ShardError, StreamingBatches, index_shards
 from streambatch.streaming.io.retry import RetryPolicy
 from streambatch.streaming.shards.sidecar import read_arrays, sidecar_path
-
-from helpers import free_port
-from servers import FaultProxy, nginx_server, s3_server
-from shards import FPS, write_corpus
+from tests.support.helpers import free_port
+from tests.support.launch_remote import BUDGET, CAP, WINDOW, run_rank
+from tests.support.servers import FaultProxy, nginx_server, s3_server
+from tests.support.shards import FPS
 
 pytestmark = pytest.mark.slow
 
@@ -34,11 +33,9 @@ SIZES = [21, 17, 0, 25, 19, 23, 14, 20]
 
 
 @pytest.fixture(scope="module")
-def corpus(tmp_path_factory):
-    d = tmp_path_factory.mktemp("shards")
-    brace, paths, expected = write_corpus(d, SIZES, seed=5)
-    index_shards(brace, frames_per_second=FPS, workers=1, progress=False)
-    return str(d), brace, paths, expected
+def corpus(make_corpus):
+    c = make_corpus(SIZES, seed=5, name="shards")
+    return c.directory, c.brace, c.paths, c.expected
 
 
 @pytest.fixture(scope="module")

@@ -17,9 +17,9 @@ from torch.utils.data import DataLoader
 
 from streambatch.streaming import Source, StreamingBatches, index_shards
 from streambatch.streaming.io.retry import RetryPolicy
-
-from servers import FaultProxy, nginx_server, s3_server
-from shards import FPS, write_corpus
+from tests.support.corpus import index_corpus
+from tests.support.servers import FaultProxy, nginx_server, s3_server
+from tests.support.shards import FPS, write_corpus
 
 pytestmark = pytest.mark.slow
 
@@ -49,7 +49,7 @@ def mix_corpus(tmp_path_factory):
     a, pa, ka = write_corpus(root / "a", A_SIZES, seed=21, prefix="a")
     b, pb, kb = write_corpus(root / "b", B_SIZES, seed=22, prefix="b", median=0.4, longest=1.2)
     for brace in (a, b):  # sidecars next to the local shards, for the local reference
-        index_shards(brace, frames_per_second=FPS, workers=1, progress=False)
+        index_corpus(brace)
     return str(root), (a, b), (pa, pb), (ka, kb)
 
 
@@ -170,7 +170,7 @@ WINDOW = 60
 def s3_corpus(tmp_path_factory):
     d = tmp_path_factory.mktemp("elastic")
     brace, _, expected = write_corpus(d, SIZES, seed=17)
-    index_shards(brace, frames_per_second=FPS, workers=1, progress=False)
+    index_corpus(brace)
     with s3_server() as server:
         urls = server.upload_dir("elastic", str(d))
         opts = server.storage_options()

@@ -21,16 +21,15 @@ import threading
 import time
 
 import pytest
-from launch_remote import BUDGET, CAP, WINDOW
 
 from streambatch.streaming import ShardError, StreamingBatches, index_shards
 from streambatch.streaming.io.remote import RemoteShard
 from streambatch.streaming.io.retry import RetryPolicy
 from streambatch.streaming.shards.catalog_file import read_catalog
 from streambatch.streaming.shards.sidecar import read_arrays, sidecar_path
-
-from servers import HOST, FaultProxy, nginx_server, s3_server
-from shards import FPS, write_corpus
+from tests.support.launch_remote import BUDGET, CAP, WINDOW
+from tests.support.servers import HOST, FaultProxy, nginx_server, s3_server
+from tests.support.shards import FPS
 
 SIZES = [9, 7, 11]
 FAST = RetryPolicy(timeout=2, retries=0)
@@ -39,11 +38,9 @@ NEVER = 10**9  # hang_next: every matching request
 
 
 @pytest.fixture(scope="module")
-def corpus(tmp_path_factory):
-    d = tmp_path_factory.mktemp("shards")
-    brace, paths, expected = write_corpus(d, SIZES, seed=11)
-    index_shards(brace, frames_per_second=FPS, workers=1, progress=False)
-    out = str(d), brace, paths, expected
+def corpus(make_corpus):
+    c = make_corpus(SIZES, seed=11, name="shards")
+    out = c.directory, c.brace, c.paths, c.expected
     local_epoch(out)  # loads the planner now, not inside a timed construction
     return out
 

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from servers import HOST, FaultProxy, nginx_server, s3_server
+from tests.support.servers import HOST, FaultProxy, nginx_server, s3_server
 
 pytestmark = pytest.mark.slow
 

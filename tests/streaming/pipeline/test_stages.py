@@ -15,11 +15,11 @@ import numpy as np
 import pytest
 
 from streambatch.core import state as S
-from streambatch.streaming import ShardError, StreamingBatches, index_shards
-from streambatch.streaming.epoch import modes
-from streambatch.streaming.epoch.modes import READ_MODES, iter_windows, resolve_mode
-from streambatch.streaming.epoch.plan import EpochPlan
-from streambatch.streaming.epoch.windows import WindowConfig
+from streambatch.epoch import read_modes as modes
+from streambatch.epoch.epoch_plan import EpochPlan
+from streambatch.epoch.read_modes import READ_MODES, iter_windows, resolve_mode
+from streambatch.epoch.windows import WindowConfig
+from streambatch.streaming import ShardError, StreamingBatches
 from streambatch.streaming.io.remote_io import RemoteOptions
 from streambatch.streaming.pipeline import samples as stages
 from streambatch.streaming.pipeline.reads import Raw, SampleReads, Step
@@ -30,18 +30,14 @@ from streambatch.streaming.shards.catalog_file import catalog_arrays, write_cata
 from streambatch.streaming.shards.lists import IndexOptions, ShardLists
 from streambatch.streaming.shards.sources import Source
 
-from shards import FPS, write_corpus
-
 SIZES = [13, 0, 21, 8, 17, 11]
 BUDGET, CAP = 300, 6
 
 
 @pytest.fixture(scope="module")
-def corpus(tmp_path_factory):
-    root = tmp_path_factory.mktemp("stages")
-    brace, paths, lengths = write_corpus(root / "a", SIZES, seed=11, prefix="a")
-    index_shards(brace, frames_per_second=FPS, workers=1, progress=False)
-    return brace, paths, lengths
+def corpus(make_corpus):
+    c = make_corpus(SIZES, seed=11, prefix="a", name="stages")
+    return c.brace, c.paths, c.expected
 
 
 def opened(corpus, window=25, world=2, read_mode="sample"):
@@ -50,7 +46,7 @@ def opened(corpus, window=25, world=2, read_mode="sample"):
     _, catalog = lists.open(IndexOptions(), RemoteOptions())
     config = WindowConfig.build(BUDGET, CAP, world, True, False, 7, "bucketed", {}, window_samples=window,
                                 read_mode=read_mode)
-    return catalog, EpochPlan(catalog, None, config, READ_MODES[read_mode], auto_window=False)
+    return catalog, EpochPlan.over_shards(catalog, None, config, READ_MODES[read_mode], auto_window=False)
 
 
 # ---------------------------------------------------------------- shard lists: URLs expanded once
@@ -295,7 +291,7 @@ def test_the_stages_pickle_for_spawned_workers(corpus):
     ds = StreamingBatches(corpus[0], BUDGET, CAP, rank=1, world_size=2, window_samples=25, read_mode="shard")
     ds.set_epoch(2)
     copy = pickle.loads(pickle.dumps(ds))
-    assert copy.plan.mode == READ_MODES["shard"] and copy.config == ds.config
+    assert copy.plan.source.mode == READ_MODES["shard"] and copy.config == ds.config
     assert [[s["__key__"] for s in b] for b in copy] == [[s["__key__"] for s in b] for b in ds]
 
 
@@ -303,15 +299,16 @@ def test_every_stage_module_says_what_its_stream_yields():
     import ast
     import pathlib
 
+    import streambatch.epoch as epoch
     import streambatch.streaming as streaming
 
-    root = pathlib.Path(streaming.__file__).parent
-    # the affinity planner's helpers (holders, kernels) are parts of affinity/plan.py's stage, not stages
-    helpers = {root / "epoch" / "affinity" / "holders.py", root / "epoch" / "affinity" / "kernels.py"}
-    missing = [str(p.relative_to(root)) for p in sorted(root.rglob("*.py"))
-               if p not in helpers and "\nStream: " not in "\n" + (ast.get_docstring(ast.parse(p.read_text())) or "")]
-    assert not missing, f"module docstrings without a 'Stream: ...' line: {missing}"
-    assert len(list(root.rglob("*.py"))) > 40
+    # the streaming stages and the plan layer's windows (the epoch-plan stage)
+    for package, least in ((streaming, 40), (epoch, 9)):
+        root = pathlib.Path(package.__file__).parent
+        missing = [str(p.relative_to(root)) for p in sorted(root.rglob("*.py"))
+                   if "\nStream: " not in "\n" + (ast.get_docstring(ast.parse(p.read_text())) or "")]
+        assert not missing, f"module docstrings without a 'Stream: ...' line: {missing}"
+        assert len(list(root.rglob("*.py"))) > least
 
 
 def test_the_last_stages_move_the_position_and_scrub_errors():

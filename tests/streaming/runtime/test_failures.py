@@ -12,21 +12,17 @@ import pytest
 from torch.distributed import TCPStore
 from torch.utils.data import DataLoader
 
-from streambatch.streaming import ShardError, StreamingBatches, index_shards
+from streambatch.streaming import ShardError, StreamingBatches
 from streambatch.streaming.runtime.failures import FailureChannel, open_channel
-
-from shards import FPS, write_corpus
 
 SIZES = [37, 23, 41, 29, 35, 18, 44, 31]
 BUDGET, CAP = 400, 12
 
 
 @pytest.fixture(scope="module")
-def corpus(tmp_path_factory):
-    d = tmp_path_factory.mktemp("failures")
-    brace, paths, _ = write_corpus(d, SIZES, seed=3)
-    index_shards(brace, frames_per_second=FPS, workers=1, progress=False)
-    return brace
+def corpus(make_corpus):
+    c = make_corpus(SIZES, seed=3, name="failures")
+    return c.brace
 
 
 @pytest.fixture

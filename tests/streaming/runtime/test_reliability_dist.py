@@ -15,8 +15,8 @@ import pytest
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from helpers import free_port, lognormal_lengths
-from shards import FPS, write_corpus
+from tests.support.helpers import free_port, lognormal_lengths
+from tests.support.shards import FPS
 
 pytestmark = pytest.mark.slow  # real multi-process runs
 
@@ -81,14 +81,10 @@ def worker(rank: int, port: int, out_dir: str, pattern: str, broken: str) -> Non
 
 
 @pytest.fixture(scope="module")
-def corpus(tmp_path_factory):
-    d = tmp_path_factory.mktemp("reliability")
-    pattern, paths, _ = write_corpus(d / "good", [30, 25, 28, 20], seed=2)
-    from streambatch.streaming import index_shards
-
-    index_shards(pattern, frames_per_second=FPS, workers=1, progress=False)
-    broken = d / "broken"
-    broken.mkdir()
+def corpus(make_corpus, tmp_path_factory):
+    good = make_corpus([30, 25, 28, 20], seed=2, name="reliability")
+    pattern, paths = good.brace, good.paths
+    broken = tmp_path_factory.mktemp("broken")
     copies = []
     for p in paths:
         q = broken / os.path.basename(p)

@@ -16,8 +16,8 @@ from streambatch.streaming import StreamingBatches, index_shards, open_catalog
 from streambatch.streaming.io.ranged import load_npz
 from streambatch.streaming.shards.catalog_file import _text, catalog_arrays, read_catalog, write_catalog
 from streambatch.streaming.shards.catalog_trust import UntrustedCatalogError, check_trust, refusal, resolve
-
-from shards import FPS, write_corpus
+from tests.support.corpus import index_corpus
+from tests.support.shards import FPS, write_corpus
 
 SIZES = [14, 9, 12]
 
@@ -108,7 +108,7 @@ def test_catalog_entries_are_relative_to_the_catalog(tmp_path, monkeypatch):
     write_corpus(tmp_path / "data", SIZES, seed=7)
     monkeypatch.chdir(tmp_path)
     cat = os.path.join("data", "streambatch.catalog.npz")
-    index_shards("data/train-{000000..000002}.tar", frames_per_second=FPS, workers=1, progress=False, catalog=cat)
+    index_corpus("data/train-{000000..000002}.tar", catalog=cat)
     with load_npz(cat) as z:
         stored = z["urls"].tobytes().decode().split("\n")
     assert stored == [f"train-{i:06d}.tar" for i in range(3)]
@@ -122,9 +122,9 @@ def test_version_1_catalogs_still_load(tmp_path, monkeypatch):
     write_corpus(tmp_path / "data", SIZES, seed=8)
     monkeypatch.chdir(tmp_path)
     brace = "data/train-{000000..000002}.tar"
-    index_shards(brace, frames_per_second=FPS, workers=1, progress=False, catalog=False)
+    index_corpus(brace, catalog=False)
     v2 = str(tmp_path / "v2.catalog.npz")
-    index_shards(brace, frames_per_second=FPS, workers=1, progress=False, catalog=v2)
+    index_corpus(brace, catalog=v2)
     c = read_catalog(v2)
     metas = [{"etag": e or None, "digest": d, "size": int(s) if s >= 0 else None}
              for e, d, s in zip(c["etags"], c["digests"], c["sizes"])]

@@ -16,9 +16,9 @@ import pytest
 from streambatch.streaming import ShardError, StreamingBatches, index_shards
 from streambatch.streaming.io.retry import RetryPolicy
 from streambatch.streaming.shards.catalog_trust import UntrustedCatalogError
-
-from servers import nginx_server
-from shards import FPS, write_corpus
+from tests.support.corpus import index_corpus
+from tests.support.servers import nginx_server
+from tests.support.shards import FPS, write_corpus
 
 pytestmark = pytest.mark.slow
 
@@ -58,7 +58,7 @@ def test_a_served_catalog_cannot_run_commands(served, tmp_path):
 
 def test_a_served_catalog_cannot_read_local_files(served, tmp_path):
     root, ng, paths, _ = served
-    index_shards(paths, frames_per_second=FPS, workers=1, progress=False, catalog=str(root / "local.catalog.npz"))
+    index_corpus(paths, catalog=str(root / "local.catalog.npz"))
     with pytest.raises(UntrustedCatalogError, match=r"this machine's disk, listed by a catalog that is not on it"):
         StreamingBatches(f"{ng.url}/local.catalog.npz", 400, 8, cache_dir=str(tmp_path / "c"))
     ds = StreamingBatches(f"{ng.url}/local.catalog.npz", 400, 8, cache_dir=str(tmp_path / "c"),
@@ -69,8 +69,8 @@ def test_a_served_catalog_cannot_read_local_files(served, tmp_path):
 def test_relative_entries_come_from_the_catalogs_server(served, tmp_path, monkeypatch):
     root, ng, _, expected = served
     monkeypatch.chdir(root)
-    index_shards("train-{000000..000003}.tar", frames_per_second=FPS, workers=1, progress=False,
-                 catalog="rel.catalog.npz")  # stored as train-000000.tar, train-000000.tar.idx.npz
+    # stored as train-000000.tar, train-000000.tar.idx.npz
+    index_corpus("train-{000000..000003}.tar", catalog="rel.catalog.npz")
     monkeypatch.chdir(tmp_path)  # nothing of the corpus here: every byte must come over HTTP
     ng.clear_log()
     ds = StreamingBatches(f"{ng.url}/rel.catalog.npz", 400, 8, cache_dir=str(tmp_path / "c"))

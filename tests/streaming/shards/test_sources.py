@@ -9,11 +9,11 @@ import collections
 import numpy as np
 import pytest
 
-from streambatch.streaming import StreamingBatches, index_shards
+from streambatch.streaming import StreamingBatches
 from streambatch.streaming.shards.sources import Source
-
-from roundtrip import check_state_roundtrip
-from shards import FPS, write_corpus
+from tests.support.corpus import index_corpus
+from tests.support.roundtrip import check_state_roundtrip
+from tests.support.shards import write_corpus
 
 BUDGET, CAP = 400, 6
 
@@ -24,7 +24,7 @@ def corpora(tmp_path_factory):
     a, _, ka = write_corpus(d / "a", [30, 25, 0, 35, 20, 28], seed=3, prefix="a")
     b, _, kb = write_corpus(d / "b", [9, 14, 7], seed=4, prefix="b")
     for brace in (a, b):
-        index_shards(brace, frames_per_second=FPS, workers=1, progress=False)
+        index_corpus(brace)
     return a, b, sorted(ka), sorted(kb)
 
 
@@ -71,7 +71,7 @@ def test_quotas_cycles_and_determinism(corpora):
 
 
 def test_windows_hold_the_sources_in_proportion(corpora):
-    from streambatch.streaming.epoch.mixes import mixed_inputs, source_of_shards
+    from streambatch.epoch.mixed_windows import mixed_inputs, source_of_shards
 
     ds = make(corpora, window_samples=30)
     sc = ds.sources

@@ -11,12 +11,12 @@ import collections
 import numpy as np
 import pytest
 
+from streambatch.epoch.mixed_windows import source_of_shards
 from streambatch.streaming import StreamingBatches, index_shards
-from streambatch.streaming.epoch.mixes import source_of_shards
 from streambatch.streaming.shards.sources import Source
-
-from roundtrip import check_state_roundtrip
-from shards import FPS, write_corpus
+from tests.support.corpus import index_corpus
+from tests.support.roundtrip import check_state_roundtrip
+from tests.support.shards import FPS, write_corpus
 
 BUDGET, CAP = 400, 6
 
@@ -27,7 +27,7 @@ def corpora(tmp_path_factory):
     a, _, ka = write_corpus(d / "a", [30, 25, 0, 35, 20, 28, 31, 22], seed=3, prefix="a")
     b, _, kb = write_corpus(d / "b", [9, 14, 7, 12], seed=4, prefix="b")
     for brace in (a, b):
-        index_shards(brace, frames_per_second=FPS, workers=1, progress=False)
+        index_corpus(brace)
     return a, b, sorted(ka), sorted(kb)
 
 
@@ -115,7 +115,7 @@ def test_each_rank_trains_what_it_read(corpora):
 
 
 def test_group_cuts_large_weights():
-    from streambatch.streaming.epoch.affinity.plan import group_cuts, water_levels
+    from streambatch.planners.shard_affine.planner import group_cuts, water_levels
 
     rng = np.random.default_rng(0)
     weights = rng.integers(10**9, 4 * 10**9, 80_000)  # level x group weight overflows int64

@@ -18,15 +18,14 @@ from streambatch.streaming.formats.tar_samples import parse_sample
 from streambatch.streaming.io.reader import LocalReader
 from streambatch.streaming.io.urls import expand_urls
 from streambatch.streaming.shards.sidecar import read_arrays, read_meta, shard_stat, write_sidecar
-
-from shards import FPS, SAMPLE_RATE, audio_bytes, wds_samples, write_corpus, write_with_shardwriter
+from tests.support.corpus import index_corpus
+from tests.support.shards import FPS, SAMPLE_RATE, audio_bytes, wds_samples, write_with_shardwriter
 
 
 @pytest.fixture(scope="module")
-def corpus(tmp_path_factory):
-    d = tmp_path_factory.mktemp("idx")
-    brace, paths, expected = write_corpus(d, [12, 0, 9, 15], seed=3)
-    return brace, paths, expected
+def corpus(make_corpus):
+    c = make_corpus([12, 0, 9, 15], seed=3, name="idx", local=False)  # unindexed: the indexer is under test
+    return c.brace, c.paths, c.expected
 
 
 def _fresh(corpus, tmp_path):
@@ -42,7 +41,7 @@ def _fresh(corpus, tmp_path):
 
 def test_sidecar_matches_webdataset(corpus, tmp_path):
     paths, expected = _fresh(corpus, tmp_path)
-    summary = index_shards(paths, frames_per_second=FPS, workers=1, progress=False)
+    summary = index_corpus(paths)
     assert (summary.shards, summary.indexed, summary.samples) == (4, 4, len(expected))
     assert summary.total_length == sum(expected.values())
     assert summary.percentiles["max"] == max(expected.values())
@@ -71,13 +70,13 @@ def test_current_sidecars_are_skipped_and_stale_ones_redone(corpus, tmp_path):
     shutil.copyfile(paths[0], paths[0] + ".bak")
     os.replace(paths[0] + ".bak", paths[0])
     os.utime(paths[0], ns=(1, 1))
-    assert index_shards(paths, frames_per_second=FPS, workers=1, progress=False).indexed == 0
+    assert index_corpus(paths).indexed == 0
     # a shard that changed is stale: refused when streaming, redone by indexing
     with open(paths[2], "ab") as f:
         f.write(bytes(1024))
     with pytest.raises(FileNotFoundError, match=r"stale.*streambatch index --force"):
         StreamingBatches(paths, 400, 8)
-    assert index_shards(paths, frames_per_second=FPS, workers=1, progress=False).indexed == 1
+    assert index_corpus(paths).indexed == 1
     # another length source counts as stale too
     assert index_shards(paths, length_from="audio", workers=1, progress=False).indexed == 4
     assert index_shards(paths, length_from="audio", workers=1, progress=False, force=True).indexed == 4
@@ -140,7 +139,7 @@ def test_length_function_and_parallel_workers(corpus, tmp_path):
 def test_shardwriter_shards(tmp_path):
     paths = write_with_shardwriter(tmp_path, 25, maxcount=10)
     assert len(paths) == 3
-    summary = index_shards(paths, frames_per_second=FPS, workers=1, progress=False)
+    summary = index_corpus(paths)
     assert summary.samples == 25
     ds = StreamingBatches(paths, 300, 8, window_samples=10, world_size=1, rank=0)
     keys = sorted(s["__key__"] for b in ds for s in b)
@@ -151,7 +150,7 @@ def test_pipe_urls_need_index_dir_and_stream(corpus, tmp_path):
     paths, expected = _fresh(corpus, tmp_path)
     pipes = [f"pipe:cat {p}" for p in paths]
     with pytest.raises(ValueError, match="index_dir"):
-        index_shards(pipes, frames_per_second=FPS, workers=1, progress=False)
+        index_corpus(pipes)
     idx = str(tmp_path / "sidecars")
     assert index_shards(pipes, frames_per_second=FPS, index_dir=idx, workers=1, progress=False).samples == len(expected)
     local_idx = str(tmp_path / "local")
@@ -172,7 +171,7 @@ def test_pipe_urls_need_index_dir_and_stream(corpus, tmp_path):
 
 def test_corrupt_and_truncated_shards_name_shard_and_offset(corpus, tmp_path):
     paths, _ = _fresh(corpus, tmp_path)
-    index_shards(paths, frames_per_second=FPS, workers=1, progress=False)
+    index_corpus(paths)
     keys, offsets = read_arrays(sidecar_path(paths[0]), ("keys", "offsets"))
     bad_at = int(offsets[3])
     with open(paths[0], "r+b") as f:
@@ -180,12 +179,12 @@ def test_corrupt_and_truncated_shards_name_shard_and_offset(corpus, tmp_path):
         f.write(b"\xff\xfe")
     name = os.path.basename(paths[0])
     with pytest.raises(ShardError, match=rf"corrupt tar header in shard .*{name} at byte {bad_at}"):
-        index_shards(paths[:1], frames_per_second=FPS, workers=1, progress=False, force=True)
+        index_corpus(paths[:1], force=True)
     size = os.path.getsize(paths[2])
     with open(paths[2], "r+b") as f:
         f.truncate(size // 2)
     with pytest.raises(ShardError, match=rf"{os.path.basename(paths[2])} is truncated"):
-        index_shards(paths[2:3], frames_per_second=FPS, workers=1, progress=False, force=True)
+        index_corpus(paths[2:3], force=True)
     with open(tmp_path / "x.tar.gz", "wb") as f:
         f.write(b"\x1f\x8b" + bytes(600))
     with pytest.raises(ShardError, match="compressed"):
@@ -214,7 +213,7 @@ def test_bad_length_sources(corpus, tmp_path):
 
 def test_sidecar_meta_records_identity(corpus, tmp_path):
     paths, _ = _fresh(corpus, tmp_path)
-    index_shards(paths[:1], frames_per_second=FPS, workers=1, progress=False)
+    index_corpus(paths[:1])
     meta = read_meta(sidecar_path(paths[0]))
     assert meta["size"] == os.path.getsize(paths[0])
     assert meta["length_from"] == "json:duration*100/s"

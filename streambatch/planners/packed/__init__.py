@@ -1,1 +1,0 @@
-"""Packed (padding-free) planning: ``planner="bucketed", pack=True``."""
