@@ -23,10 +23,7 @@ from torch.utils.data import DataLoader, Dataset
 from torchdata.stateful_dataloader import StatefulDataLoader
 
 from streambatch import DynamicBatchSampler, StreamingBatches
-from streambatch.streaming import index_shards
-
-from helpers import lognormal_lengths
-from shards import FPS, write_corpus
+from tests.support.helpers import lognormal_lengths
 
 STOP = 5
 LENGTHS = lognormal_lengths(400, seed=4)
@@ -45,11 +42,8 @@ def keys(batch) -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def pattern(tmp_path_factory):
-    d = tmp_path_factory.mktemp("resume")
-    pattern, paths, _ = write_corpus(d, [40, 35, 45, 30], seed=7)
-    index_shards(paths, frames_per_second=FPS, workers=1, progress=False)
-    return pattern
+def pattern(make_corpus):
+    return make_corpus([40, 35, 45, 30], seed=7, name="resume").brace
 
 
 def dataset(pattern):

@@ -20,9 +20,8 @@ import pytest
 
 from streambatch.cli.main import main
 from streambatch.streaming import open_catalog
-
-from helpers import free_port
-from shards import FPS, write_corpus
+from tests.support.helpers import free_port
+from tests.support.shards import FPS, write_corpus
 
 SIZES = [6, 5, 7, 4]
 

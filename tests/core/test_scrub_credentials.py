@@ -13,9 +13,9 @@ import traceback
 import pytest
 
 from streambatch.core.redact import scrub, scrub_url
-from streambatch.streaming import ShardError, Source, StreamingBatches, index_shards
-
-from shards import FPS, write_corpus
+from streambatch.streaming import ShardError, Source, StreamingBatches
+from tests.support.corpus import index_corpus
+from tests.support.shards import write_corpus
 
 PASSWORD = "pa55W0rdValue77"
 JWT = "eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiIxIn0.c2lnbmF0dXJlVmFsdWU"
@@ -109,7 +109,7 @@ def password_pipes(tmp_path_factory):
     pipes = [f"pipe:curl -s -u alice:{PASSWORD} file://{os.path.abspath(p)}" for p in paths]
     pipes[1] = f"pipe:true --password={PASSWORD} --http-password={PASSWORD}; cat {paths[1]}"  # wget-style flags
     idx = str(d / "idx")
-    index_shards(pipes, frames_per_second=FPS, index_dir=idx, workers=1, progress=False, catalog=False)
+    index_corpus(pipes, index_dir=idx, catalog=False)
     return pipes, idx
 
 

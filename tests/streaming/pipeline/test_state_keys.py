@@ -6,9 +6,7 @@ from __future__ import annotations
 import pytest
 
 from streambatch.core.state import state_int
-from streambatch.streaming import StreamingBatches, index_shards
-
-from shards import FPS, write_corpus
+from streambatch.streaming import StreamingBatches
 
 
 def test_state_int_names_a_missing_key():
@@ -16,10 +14,8 @@ def test_state_int_names_a_missing_key():
         state_int({"worker": 0}, "num_workers", 1, 8)
 
 
-def test_a_worker_state_without_num_workers_names_the_key(tmp_path):
-    _, paths, _ = write_corpus(tmp_path, [12, 9], seed=2)
-    index_shards(paths, frames_per_second=FPS, workers=1, progress=False)
-    ds = StreamingBatches(paths, 400, 8, window_samples=10)
+def test_a_worker_state_without_num_workers_names_the_key(make_corpus):
+    ds = StreamingBatches(make_corpus([12, 9], seed=2).paths, 400, 8, window_samples=10)
     state = ds.state_dict()
     state["worker"] = 0  # as a worker saves it, but the worker count lost (hand-edited, or a partial copy)
     state.pop("num_workers")

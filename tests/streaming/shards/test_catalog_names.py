@@ -9,8 +9,7 @@ import os
 import pytest
 
 from streambatch.streaming import StreamingBatches, index_shards, open_catalog
-
-from shards import FPS, write_corpus
+from tests.support.shards import FPS, write_corpus
 
 
 @pytest.fixture
