@@ -20,7 +20,7 @@ ENTRY_KEYWORDS = (
     "epoch", "planner", "planner_options", "verify", "max_length", "long_samples", "mix", "window_samples",
     "read_mode", "index_dir", "index_missing", "length_from", "frames_per_second", "index_workers", "decode",
     "collate_fn", "on_error", "samples_per_epoch", "storage_options", "cache_dir", "prefetch_shards",
-    "prefetch_bytes", "retry", "trust_catalog",
+    "prefetch_bytes", "retry", "trust_catalog", "format", "index", "remote", "output",
 )
 # What other samplers and loaders call these settings.
 KEYWORD_ALIASES = {
