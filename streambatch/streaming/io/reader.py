@@ -34,26 +34,30 @@ _KINDS = ((stat.S_ISFIFO, "a FIFO (named pipe)"), (stat.S_ISCHR, "a character de
           (stat.S_ISBLK, "a block device"), (stat.S_ISDIR, "a directory"), (stat.S_ISSOCK, "a socket"))
 
 
-def check_regular(url: str, mode: int) -> None:
+def check_regular(url: str, mode: int, what: str = "shard") -> None:
     """Refuse a local shard whose ``st_mode`` is not a regular file's: streambatch reads local shards by byte
     offset and scans them front to back to index them, which a FIFO (open blocks until a writer comes, and
-    its bytes go once), a device (/dev/zero never ends) or a directory cannot give."""
+    its bytes go once), a device (/dev/zero never ends) or a directory cannot give. ``what``: the kind of file
+    named in the error (another corpus format's files: "Parquet file", "NeMo manifest", "Shar cuts file")."""
     if stat.S_ISREG(mode):
         return
     kind = next((name for test, name in _KINDS if test(mode)), "a special file")
     path = local_path(url)
     link = f" (a symlink to {os.path.realpath(path)})" if os.path.islink(path) else ""
-    raise ShardError(f"shard {url} is {kind}{link}, not a regular file: local shards are read by byte offset "
-                     "and indexed front to back; copy the data into a regular .tar file and list that")
+    fix = ("local shards are read by byte offset and indexed front to back; copy the data into a regular .tar "
+           "file and list that" if what == "shard" else
+           "streambatch reads it whole or by byte offset, which a FIFO, a device or a directory cannot give; copy "
+           "it into a regular file and name that")
+    raise ShardError(f"{what} {url} is {kind}{link}, not a regular file: {fix}")
 
 
-def open_regular(url: str) -> int:
+def open_regular(url: str, what: str = "shard") -> int:
     """A read-only descriptor of local shard ``url``, checked to be a regular file (``check_regular``).
     Opened non-blocking, so that a FIFO put in a shard's place is refused instead of waiting for a writer
     (for a regular file the flag changes nothing). OSError passes through for the caller to word."""
     fd = os.open(local_path(url), os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
     try:
-        check_regular(url, os.fstat(fd).st_mode)
+        check_regular(url, os.fstat(fd).st_mode, what)
     except BaseException:
         os.close(fd)
         raise

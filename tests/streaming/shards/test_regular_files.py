@@ -1,7 +1,8 @@
 """Local shards are regular files (issue 32, items 7 and 14): a FIFO, a device, a directory, a socket, or a
 symlink to any of them is refused by the indexer with one clear error naming what it is, before anything
-opens it (``streambatch index`` on a FIFO or on a symlink to /dev/zero never returned). Real FIFOs, sockets
-and /dev/zero here; each case is bounded by the test timeout (it hung before the fix)."""
+opens it (``streambatch index`` on a FIFO or on a symlink to /dev/zero never returned). The other corpus
+formats' local files (Parquet files, NeMo manifests, Shar cuts files) likewise. Real FIFOs, sockets and
+/dev/zero here; each case is bounded by the test timeout (it hung before the fix)."""
 
 from __future__ import annotations
 
@@ -12,8 +13,9 @@ import pytest
 
 from streambatch.cli.main import main
 from streambatch.streaming import ShardError, StreamingBatches, index_shards
-
-from shards import FPS, write_corpus
+from tests.support.corpora import write_nemo, write_parquet, write_shar
+from tests.support.corpus import index_corpus
+from tests.support.shards import FPS, write_corpus
 
 
 @pytest.fixture
@@ -84,9 +86,53 @@ def test_streaming_with_index_missing_refuses_a_fifo(corpus):
 @pytest.mark.timeout(60)
 def test_a_shard_replaced_by_a_fifo_after_indexing_is_refused_when_read(corpus):
     tmp_path, paths = corpus
-    index_shards(paths, frames_per_second=FPS, workers=1, progress=False)
+    index_corpus(paths)
     ds = StreamingBatches(paths, 400, 8, verify=False)
     os.unlink(paths[1])
     os.mkfifo(paths[1])
     with pytest.raises(ShardError, match="not a regular file"):
         list(ds)
+
+
+# ---------------------------------------------------------------- the other corpus formats' files
+# Shar cuts files, NeMo manifests and Parquet files are read whole or by offset too: the same refusal, naming
+# the kind of file (each case bounded by the test timeout: a FIFO would block, /dev/zero never end).
+
+
+def fifo_in_place_of(path: str) -> str:
+    os.unlink(path)
+    os.mkfifo(path)
+    return path
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("kind", ["fifo", "zero"])
+def test_a_parquet_file_that_is_not_a_regular_file_is_refused(tmp_path, kind):
+    pytest.importorskip("pyarrow")
+    paths, _ = write_parquet(tmp_path / "pq", 12, files=2, rows_per_group=4, seed=1, writer="pyarrow")
+    if kind == "fifo":
+        fifo_in_place_of(paths[1])
+    else:
+        os.unlink(paths[1])
+        os.symlink("/dev/zero", paths[1])
+    with pytest.raises(ShardError, match=rf"Parquet file .*{WHAT[kind]}.*not a regular file") as info:
+        StreamingBatches(paths, 800, 8, format="parquet", frames_per_second=FPS, rank=0, world_size=1)
+    assert os.path.basename(paths[1]) in str(info.value)
+
+
+@pytest.mark.timeout(60)
+def test_a_nemo_manifest_that_is_a_fifo_is_refused(tmp_path):
+    directory, _ = write_nemo(tmp_path / "nemo", 8, num_shards=2, seed=1)
+    fifo_in_place_of(os.path.join(directory, "tarred_audio_manifest.json"))
+    with pytest.raises(ShardError, match=r"NeMo manifest .*a FIFO.*not a regular file"):
+        StreamingBatches(directory, 800, 8, format="nemo", frames_per_second=FPS, rank=0, world_size=1)
+
+
+@pytest.mark.timeout(60)
+def test_a_shar_cuts_file_that_is_a_fifo_is_refused(tmp_path):
+    pytest.importorskip("lhotse")
+    directory, _ = write_shar(tmp_path / "shar", 8, shard_size=4, seed=1)
+    cuts = sorted(n for n in os.listdir(directory) if n.startswith("cuts."))
+    fifo_in_place_of(os.path.join(directory, cuts[-1]))
+    with pytest.raises(ShardError, match=r"Shar cuts file .*a FIFO.*not a regular file"):
+        StreamingBatches(directory, 800, 8, frames_per_second=FPS, rank=0, world_size=1)
