@@ -95,15 +95,38 @@ def carries_credentials(options: Any) -> bool:
     return False
 
 
+def hub_endpoint(storage_options: dict | None) -> str:
+    """Where the requests of an ``hf://`` URL go: ``storage_options["endpoint"]``, else huggingface_hub's
+    endpoint (``HF_ENDPOINT`` as it read it; by default https://huggingface.co)."""
+    given = (storage_options or {}).get("endpoint")
+    if isinstance(given, str) and given:
+        return given
+    try:
+        from huggingface_hub import constants  # only for hf:// URLs (the hf extra)
+    except ImportError:
+        return os.environ.get("HF_ENDPOINT") or "https://huggingface.co"
+    return constants.ENDPOINT
+
+
+def wire_url(url: str, storage_options: dict | None) -> str:
+    """The URL whose scheme the requests for ``url`` travel by: ``url`` itself, or for ``hf://`` the Hub
+    endpoint its client talks to (a plain-http ``HF_ENDPOINT`` mirror carries the token in clear too)."""
+    return hub_endpoint(storage_options) if protocol(url) == "hf" else url
+
+
 def check_transport(url: str, storage_options: dict | None) -> None:
     """Refuse to send ``storage_options`` credentials over plain http, unless the user named that origin in
     STREAMBATCH_INSECURE_HTTP: on the wire they are readable by anyone between here and the server.
-    (S3, GCS and Azure requests are signed, and their endpoint is the one the options themselves name.)"""
-    if protocol(url) == "http" and carries_credentials(storage_options) and not insecure_allowed(url):
-        where = origin(url)
+    (S3, GCS and Azure requests are signed, and their endpoint is the one the options themselves name;
+    ``hf://`` goes to its Hub endpoint: ``wire_url``.)"""
+    wire = wire_url(url, storage_options)
+    if protocol(wire) == "http" and carries_credentials(storage_options) and not insecure_allowed(wire):
+        where = origin(wire)
+        serve = ("point the Hub endpoint (HF_ENDPOINT, or storage_options endpoint) at https"
+                 if wire != url else "serve the shards over https")
         raise ValueError(scrub(f"storage_options hold credentials, which streambatch does not send over plain "
-                               f"http ({where}, for {url}): serve the shards over https, or, for a test server "
-                               f"or a network you trust, name the origin: {INSECURE_ENV}={where}"))
+                               f"http ({where}, for {url}): {serve}, or, for a test server or a network you "
+                               f"trust, name the origin: {INSECURE_ENV}={where}"))
 
 
 def filesystem(url: str, storage_options: dict | None = None):
@@ -163,6 +186,8 @@ def hub_token_options(url: str, storage_options: dict | None) -> dict:
     http (an ``HF_ENDPOINT`` mirror) only when that origin is named in
     STREAMBATCH_INSECURE_HTTP (else one warning says why it was not sent)."""
     options = dict(storage_options or {})
+    if protocol(url) == "hf":  # huggingface_hub sends the token itself, to its endpoint
+        return _hf_client_token(url, options)
     if not hub_origin(url):
         return options
     headers = dict(options.get("headers") or {})
@@ -170,17 +195,34 @@ def hub_token_options(url: str, storage_options: dict | None) -> dict:
         return options
     token = os.environ.get("HF_TOKEN") or _saved_hub_token()
     if token and protocol(url) == "http" and not insecure_allowed(url):
-        where = origin(url)
-        if where not in _withheld:
-            _withheld.add(where)
-            log.warning("the Hugging Face token (HF_TOKEN) is not sent to %s (HF_ENDPOINT) over plain http, where "
-                        "anyone on the way can read it; serve the mirror over https, or name the origin: %s=%s",
-                        where, INSECURE_ENV, where)
+        _withhold(origin(url))
         return options
     if token:
         headers["Authorization"] = f"Bearer {token}"
         options["headers"] = headers
     return options
+
+
+def _hf_client_token(url: str, options: dict) -> dict:
+    """``options`` for an ``hf://`` URL: huggingface_hub's client sends its token (HF_TOKEN, else the saved
+    login) to its endpoint; to a plain-http endpoint not named in STREAMBATCH_INSECURE_HTTP it sends none
+    (``token=False``; a token given in ``options`` was refused by ``check_transport``)."""
+    wire = wire_url(url, options)
+    if protocol(wire) != "http" or insecure_allowed(wire) or "token" in options:
+        return options
+    if os.environ.get("HF_TOKEN") or _saved_hub_token():
+        _withhold(origin(wire))
+    return {**options, "token": False}
+
+
+def _withhold(where: str) -> None:
+    """Say once per origin that the Hub token was not sent there."""
+    if where not in _withheld:
+        _withheld.add(where)
+        log.warning("the Hugging Face token (HF_TOKEN) is not sent to %s (the Hub endpoint: HF_ENDPOINT) over plain "
+                    "http, where anyone on the way can read it; serve the mirror over https, or name the origin: "
+                    "%s=%s",
+                    where, INSECURE_ENV, where)
 
 
 _withheld: set[str] = set()  # origins the token was withheld from (warned once each)

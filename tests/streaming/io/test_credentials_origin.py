@@ -6,9 +6,10 @@
   ``storage_options``, at a server of theirs.
 - ``storage_options`` credentials (headers such as ``Authorization``, ``auth``, tokens) go over ``https`` only;
   a plain-``http`` origin gets them only when named in ``STREAMBATCH_INSECURE_HTTP`` (for test servers and
-  trusted private networks). ``HF_TOKEN`` goes only to the Hub's own origins over https (``huggingface.co``,
-  ``hf.co`` on port 443; ``HF_ENDPOINT`` at its own scheme, host and port), never over plain http unless that
-  origin is named the same way.
+  trusted private networks); the files of every corpus format (Parquet, Shar, NeMo) alike. ``HF_TOKEN`` goes
+  only to the Hub's own origins over https (``huggingface.co``, ``hf.co`` on port 443; ``HF_ENDPOINT`` at its
+  own scheme, host and port), never over plain http unless that origin is named the same way; for ``hf://``
+  URLs, whose client sends the token itself, the Hub endpoint it talks to is that origin.
 
 The rules here without a network; the same against real nginx servers on 127.0.0.1 (one requiring a bearer
 token, as a private Hub mirror does) in the slow tests at the end: each refusal is checked to send nothing.
@@ -24,8 +25,8 @@ import pytest
 from streambatch.streaming import StreamingBatches, index_shards
 from streambatch.streaming.io.objects import check_transport, filesystem, hub_token_options, origin
 from streambatch.streaming.shards.catalog_trust import UntrustedCatalogError, check_trust, refusal
-
-from shards import FPS, write_corpus
+from tests.support.corpus import index_corpus
+from tests.support.shards import FPS, write_corpus
 
 INSECURE = "STREAMBATCH_INSECURE_HTTP"
 BEARER = {"headers": {"Authorization": "Bearer s3cr3tT0ken"}}
@@ -147,6 +148,43 @@ def test_hub_token_over_plain_http_only_when_named(monkeypatch, caplog):
     assert hub_token_options(url, None)["headers"]["Authorization"].endswith("SECRET")
 
 
+# ---------------------------------------------------------------- hf:// and the other corpus formats
+
+
+def test_hf_urls_send_no_token_to_a_plain_http_hub_endpoint(monkeypatch, caplog):
+    # hf:// requests go to the Hub endpoint huggingface_hub talks to, which sends HF_TOKEN itself: to a
+    # plain-http endpoint (storage_options' endpoint, or HF_ENDPOINT) only when that origin is named
+    monkeypatch.setenv("HF_TOKEN", "hf_SECRETSECRETSECRETSECRET")
+    url, mirror = "hf://datasets/o/n/train-00000.parquet", {"endpoint": "http://127.0.0.1:9998"}
+    with caplog.at_level(logging.WARNING, logger="streambatch"):
+        assert hub_token_options(url, mirror) == {**mirror, "token": False}
+    assert "HF_TOKEN" in caplog.text and f"{INSECURE}=http://127.0.0.1:9998" in caplog.text
+    assert "SECRET" not in caplog.text
+    assert hub_token_options(url, {"endpoint": "https://hub.internal"}) == {"endpoint": "https://hub.internal"}
+    monkeypatch.setenv(INSECURE, "http://127.0.0.1:9998")
+    assert hub_token_options(url, mirror) == mirror  # named: huggingface_hub sends its token
+    monkeypatch.delenv(INSECURE)
+    with pytest.raises(ValueError, match=rf"plain http.*http://127.0.0.1:9998.*{INSECURE}=http://127.0.0.1:9998"):
+        check_transport(url, {**mirror, "token": "hf_given"})  # a token given for a plain-http endpoint
+    check_transport(url, {"endpoint": "https://hub.internal", "token": "hf_given"})
+
+
+def test_the_hf_filesystem_gets_no_token_for_a_plain_http_endpoint(monkeypatch):
+    pytest.importorskip("huggingface_hub")
+    monkeypatch.setenv("HF_TOKEN", "hf_SECRETSECRETSECRETSECRET")
+    fs, _ = filesystem("hf://datasets/o/n/train-00000.parquet", {"endpoint": "http://127.0.0.1:9997"})
+    assert fs.token is False and fs.endpoint == "http://127.0.0.1:9997"  # no request made: construction only
+    fs, _ = filesystem("hf://datasets/o/n/train-00000.parquet", {"endpoint": "https://hub.internal"})
+    assert fs.token is None  # huggingface_hub's own default: HF_TOKEN, over https
+
+
+def test_parquet_over_plain_http_refuses_a_bearer_header_before_any_request():
+    # Parquet files (and Shar, NeMo) are read through the same remote layer as tar shards
+    with pytest.raises(ValueError, match=rf"plain http.*{INSECURE}=http://127.0.0.1:9"):
+        StreamingBatches("http://127.0.0.1:9/d/train-00000-of-00001.parquet", 800, 8, format="parquet",
+                         storage_options=BEARER, retry=0, rank=0, world_size=1)
+
+
 # ---------------------------------------------------------------- against real servers (slow tier)
 
 SIZES = [8, 6]
@@ -155,11 +193,11 @@ TOKEN = "s3cr3tT0kenValue42"
 
 @pytest.fixture(scope="module")
 def two_servers(tmp_path_factory):
-    from servers import nginx_server
+    from tests.support.servers import nginx_server
 
     root = tmp_path_factory.mktemp("www")
     _, paths, expected = write_corpus(root, SIZES, seed=8)
-    index_shards(paths, frames_per_second=FPS, workers=1, progress=False, catalog=False)
+    index_corpus(paths, catalog=False)
     with nginx_server(root) as a, nginx_server(root, bearer=TOKEN) as b:
         yield root, a, b, paths, expected
 
