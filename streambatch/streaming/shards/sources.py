@@ -68,7 +68,8 @@ class Source:
 
     def __repr__(self) -> str:
         # URLs (and pipe: commands) may carry credentials; a repr ends up in logs and tracebacks
-        fields = ", ".join(f"{k}={getattr(self, k)!r}" for k in ("weight", "samples", "repeat", "index_dir", "name")
+        fields = ", ".join(f"{k}={getattr(self, k)!r}" for k in ("weight", "samples", "repeat", "index_dir", "name",
+                                                                   "format")
                            if getattr(self, k) is not None)
         return scrub(f"Source({self.urls!r}" + (f", {fields}" if fields else "") + ")")
 
