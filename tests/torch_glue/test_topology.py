@@ -8,7 +8,8 @@ Real processes (torch.multiprocessing, gloo on 127.0.0.1), each running the same
    once per process, naming ``rank=None, world_size=None`` (it used to train all samples on both ranks);
 2. ``DynamicBatchSampler(world_size=2)`` with ``rank=0`` on both: both raise (107 samples twice, 93 never);
 3. ``StreamingBatches(world_size=4)`` in a 2-process job: both raise (96 of 200 never, a 60 s stall per epoch);
-4. ``StreamingBatches(rank=0, world_size=2)`` on both: both raise (the agreement did not include the rank).
+4. ``StreamingBatches(rank=0, world_size=2)`` on both: both raise (the agreement did not include the rank);
+5. lhotse's ``BalancedCutSampler`` (a ``DynamicBatchSampler``) with ``rank=0, world_size=2`` on both: both raise.
 
 The layouts that are right still build: ``None`` (from torch.distributed), explicit ranks that are a permutation,
 ``world_size=1`` (one process alone, e.g. evaluation), and in a 4-process group a data-parallel world of 2 whose
@@ -17,6 +18,7 @@ ranks are each claimed by 2 processes (tensor parallelism: they share their batc
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import warnings
@@ -27,8 +29,7 @@ import pytest
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from helpers import free_port
-from shards import FPS, write_corpus
+from tests.support.helpers import free_port
 
 pytestmark = pytest.mark.slow  # real multi-process runs
 
@@ -44,6 +45,17 @@ def _attempt(fn) -> dict:
             out = {"error": f"{type(exc).__name__}: {exc}"}
     out["warnings"] = [str(w.message) for w in caught if issubclass(w.category, RuntimeWarning)]
     return out
+
+
+def cut_sampler(**kw):
+    """lhotse's BalancedCutSampler over 120 cuts without audio (lhotse's own dummies)."""
+    import lhotse
+    from lhotse.testing.dummies import dummy_cut
+
+    from streambatch.integrations.lhotse import BalancedCutSampler
+
+    cuts = lhotse.CutSet.from_cuts(dummy_cut(i, duration=0.5 + (i % 9) / 4) for i in range(120))
+    return BalancedCutSampler(cuts, max_duration=8.0, **kw)
 
 
 def two_ranks(rank: int, port: int, out_dir: str, pattern: str) -> None:
@@ -65,6 +77,9 @@ def two_ranks(rank: int, port: int, out_dir: str, pattern: str) -> None:
         got["stream_world4"] = _attempt(lambda: len(StreamingBatches(pattern, 400, 8, world_size=4)))
         got["stream_rank0_both"] = _attempt(lambda: len(StreamingBatches(pattern, 400, 8, rank=0, world_size=2)))
         got["stream_none"] = _attempt(lambda: len(StreamingBatches(pattern, 400, 8)))
+        if importlib.util.find_spec("lhotse") is not None:  # the same on every process: the same collectives
+            got["lhotse_rank0_both"] = _attempt(lambda: len(cut_sampler(rank=0, world_size=2)))
+            got["lhotse_none"] = _attempt(lambda: len(cut_sampler()))
         dist.barrier()
     finally:
         Path(out_dir, f"{rank}.json").write_text(json.dumps(got))
@@ -97,13 +112,9 @@ def spawn(fn, world: int, tmp_path: Path, *args) -> list[dict]:
 
 
 @pytest.fixture(scope="module")
-def two(tmp_path_factory):
-    from streambatch.streaming import index_shards
-
-    d = tmp_path_factory.mktemp("topo")
-    pattern, paths, _ = write_corpus(d / "s", [50, 50, 50, 50], seed=3)
-    index_shards(paths, frames_per_second=FPS, workers=1, progress=False)
-    return spawn(two_ranks, 2, d, pattern)
+def two(make_corpus, tmp_path_factory):
+    corpus = make_corpus([50, 50, 50, 50], seed=3, name="topo")
+    return spawn(two_ranks, 2, tmp_path_factory.mktemp("topo-out"), corpus.brace)
 
 
 @pytest.mark.timeout(300)
@@ -122,8 +133,11 @@ def test_seed_defaults_under_a_group_warn_once_naming_the_fix(two):
     ("sampler_world4", ["world_size=4", "2 processes", "rank=None, world_size=None"]),
     ("stream_world4", ["world_size=4", "2 processes", "rank=None, world_size=None"]),
     ("stream_rank0_both", ["rank 0", "processes 0 and 1", "rank=None, world_size=None"]),
+    ("lhotse_rank0_both", ["rank 0", "processes 0 and 1", "rank=None, world_size=None"]),
 ])
 def test_a_layout_that_disagrees_raises_on_every_rank(two, case, words):
+    if case not in two[0]:
+        pytest.skip("lhotse is not installed")
     for r in two:
         err = r[case].get("error", "")
         assert err.startswith("ValueError"), r[case]
@@ -134,7 +148,9 @@ def test_a_layout_that_disagrees_raises_on_every_rank(two, case, words):
 
 @pytest.mark.timeout(300)
 def test_layouts_that_agree_still_build(two):
-    for case in ("sampler_none", "sampler_swapped", "stream_none"):
+    for case in ("sampler_none", "sampler_swapped", "stream_none", "lhotse_none"):
+        if case not in two[0]:
+            continue  # (lhotse not installed)
         assert [r[case].get("ok") for r in two][0] is not None, [r[case] for r in two]
         assert len({r[case]["ok"] for r in two}) == 1  # equal steps
         assert all(r[case]["warnings"] == [] for r in two)
