@@ -172,6 +172,32 @@ def test_a_cache_that_cannot_be_saved_costs_one_warning_not_the_plan(monkeypatch
     assert len(caught) == 1
 
 
+def test_every_kernel_module_takes_njit_from_core_jit():
+    """The guard covers a kernel only if its module's ``njit`` is core/jit.py's: no module but core/jit.py
+    imports numba's own (kernel modules move and new ones come: this finds them wherever they are)."""
+    import ast
+
+    import streambatch
+
+    root = os.path.dirname(streambatch.__file__)
+    direct, guarded = [], []
+    for folder, _, files in os.walk(root):
+        for name in files:
+            if not name.endswith(".py"):
+                continue
+            path = os.path.join(folder, name)
+            rel = os.path.relpath(path, root)
+            with open(path) as f:
+                tree = ast.parse(f.read())
+            for node in ast.walk(tree):
+                if isinstance(node, ast.ImportFrom) and any(a.name == "njit" for a in node.names):
+                    (direct if node.module == "numba" else guarded).append(rel)
+    assert direct == [os.path.join("core", "jit.py")], direct
+    # the kernels of every planner, the toolkit (which re-exports it), core's hashing and shuffles
+    assert {os.path.join("planners", "toolkit.py"), os.path.join("planners", "shard_affine", "walk.py"),
+            os.path.join("planners", "greedy", "placement.py"), os.path.join("core", "hashing.py")} <= set(guarded)
+
+
 # ---------------------------------------------------------------- a real full / read-only tmpfs (slow tier)
 
 PLAN = textwrap.dedent("""
