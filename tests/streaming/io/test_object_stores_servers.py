@@ -231,11 +231,16 @@ def test_hub_index_write_refused_names_index_dir(corpus, hub, monkeypatch):
         index_shards(hub_urls(hub)[:1], frames_per_second=FPS, index_dir=f"{hub.url}/{REPO_PATH}", progress=False)
 
 
-def test_hf_paths_refused_by_the_hub_are_not_retried(hub, tmp_path):
+def test_hf_paths_refused_by_the_hub_are_not_retried(hub, tmp_path, monkeypatch):
     """hf:// through HfFileSystem against a local endpoint that refuses (401:
     a private or gated repo): one error naming HF_TOKEN within seconds."""
     pytest.importorskip("huggingface_hub")
     opts = {"endpoint": hub.url, "token": "hf_wrong"}
+    hub.clear_log()
+    with pytest.raises(ValueError, match=rf"plain http.*STREAMBATCH_INSECURE_HTTP={hub.url}"):
+        RemoteShard("hf://datasets/org/speech/train-000000.tar", opts).info()  # a token for a plain-http endpoint
+    assert hub.log(expect=0, timeout=1) == []  # refused before any request
+    monkeypatch.setenv("STREAMBATCH_INSECURE_HTTP", hub.url)  # a plain-http test server: named to get the token
     t = time.monotonic()
     with pytest.raises(ShardError, match="HF_TOKEN"):
         RemoteShard("hf://datasets/org/speech/train-000000.tar", opts,
