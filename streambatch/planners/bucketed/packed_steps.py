@@ -10,8 +10,8 @@ no padding, so a sample costs the same in any batch.
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
 
+from ...core.jit import njit  # numba's, with a cache that may fail to save (core/jit.py)
 from ..toolkit import _I64_MAX, _cost, _helper
 
 
