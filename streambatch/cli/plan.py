@@ -37,13 +37,12 @@ def shard_list(text: str) -> list[str]:
     """The shards an INPUT names: a directory gives every .tar file under it (its
     subdirectories too), in path order; anything else is one shard or pattern."""
     if os.path.isdir(text):
-        found = sorted(os.path.join(folder, n) for folder, _, names in os.walk(text)
-                       for n in names if n.endswith(_SHARD_EXT))
-        if not found:
-            raise ValueError(f"{text} is a directory without .tar shards (its subdirectories included); pass a "
-                             "lengths file (.npy, text, .jsonl), shard paths or a pattern like "
-                             "'train-{000000..000099}.tar'")
-        return found
+        from ..streaming.io.urls import shards_under
+
+        try:
+            return shards_under(text)
+        except ValueError as exc:
+            raise ValueError(f"{exc}; or a lengths file (.npy, text, .jsonl)") from None
     return [text]
 
 

@@ -4,7 +4,8 @@ fewest batches of padded plans) from a length histogram."""
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
+
+from .jit import njit  # numba's, with a cache that may fail to save (core/jit.py)
 
 _I64_MAX = np.int64(np.iinfo(np.int64).max)  # a typed global (np.iinfo in a kernel compiles code each time)
 

@@ -10,6 +10,7 @@ frozen; ``replace`` builds (and checks) a modified copy.
 
 from __future__ import annotations
 
+import inspect
 import numbers
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, fields
@@ -18,6 +19,7 @@ from typing import Any, TypeVar
 import numpy as np
 
 from .constraint import BatchLimits
+from .keywords import misspelled
 from .plan import config_fingerprint
 from .registry import check_planner, get_planner
 from .state import MAX_EPOCH
@@ -67,6 +69,10 @@ class PlanConfig:
         bad = [k for k in planner_options if not isinstance(k, str) or not k.isidentifier()]
         if bad:
             raise TypeError(f"planner option names must be identifiers, got {bad[0]!r}")
+        takes = [k for k in inspect.signature(cls._check_extra).parameters]
+        wrong = [k for k in extra if k not in takes]
+        if wrong:
+            raise TypeError(f"{cls.__name__}.build got unexpected keyword(s) {wrong}{misspelled(wrong, takes)}")
         name = check_planner(planner)
         p = get_planner(cls._options_planner(name, extra))
         # Checked against the planner's declared options; only the options given are kept (with

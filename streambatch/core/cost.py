@@ -49,6 +49,7 @@ INT64_MAX = np.iinfo(np.int64).max
 KINDS = ("linear", "quadratic", "quadratic_duration")  # the kinds kernels compute
 ALL_KINDS = (*KINDS, "step")  # a step model balances as one of KINDS (``plain``)
 COST_FORMAT = "streambatch-cost"
+COST_VERSIONS = (1,)  # the format versions ``CostModel.load`` reads
 
 
 @dataclass(frozen=True, repr=False)
@@ -218,6 +219,12 @@ class CostModel:
         if not isinstance(d, dict) or d.get("format") != COST_FORMAT:
             raise ValueError(f"{where} is not a streambatch cost model (want a JSON object with "
                              f"format={COST_FORMAT!r}, as `streambatch calibrate` writes)")
+        version = d.get("version")
+        if type(version) is not int or version not in COST_VERSIONS:
+            # a newer format may mean other fields or units: planning with a partial reading of it is wrong
+            raise ValueError(f"{where} is a {COST_FORMAT!r} file of version {version!r}; this streambatch reads "
+                             f"version(s) {list(COST_VERSIONS)}: upgrade streambatch, or measure the model again "
+                             "with this one's `streambatch calibrate`")
         kind = d.get("kind")
         if kind == "step":
             return cls.step(d.get("c0"), d.get("c1"), d.get("c2"))

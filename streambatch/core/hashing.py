@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from numba import njit
+from .jit import njit  # numba's, with a cache that may fail to save (core/jit.py)
 
 # Kernel helpers only other kernels call: no CPython or C wrapper to compile,
 # and no cache entry of their own (see ``planners/bucketed/common.py``).

@@ -4,9 +4,18 @@ the terminal.
 
 What is masked (with ``***``): URL user-info (``https://user:token@host``),
 query values whose key looks secret (``X-Amz-Signature``, ``X-Amz-Credential``,
-``X-Goog-Signature``, Azure SAS ``sig``, ``token``, ``key``, ...), bearer
-tokens and ``Authorization:`` header values (in ``pipe:curl -H ...``
-commands), Hugging Face tokens (``hf_...``) and AWS access key ids.
+``X-Goog-Signature``, Azure SAS ``sig``, ``token``, ``key``, ``jwt``, OAuth
+``code``, ...), bearer tokens, the values of ``Authorization:`` and other
+credential headers (``X-JFrog-Art-Api``, ``Private-Token``, any hyphenated
+header name with api/token/key/secret/auth/password/session/cookie in it, in
+``pipe:curl -H ...`` commands), the passwords of command-line flags (curl's
+``-u``/``--user``/``--proxy-user user:PASSWORD``, wget's ``--password=``,
+``--http-password=``, ``--ftp-password=``, ``--proxy-password=``; any long
+flag naming a password, token, secret or API key), secret environment
+assignments in commands (``AWS_SECRET_ACCESS_KEY=...``), secret-named keys
+quoted in a dict's repr (``{'secret': '...'}``), Azure
+connection-string keys (``AccountKey=``, ``SharedAccessSignature=``), Hugging
+Face tokens (``hf_...``) and AWS access key ids.
 
 Where it applies, so that no formatting site has to remember it:
 
@@ -34,10 +43,32 @@ MASK = "***"
 # Option and query keys whose values are secrets.
 SECRET_KEY = re.compile(r"(?i)(key|secret|token|passw|credential|signature|^sig$|auth|session|cookie)")
 _SECRET_QUERY = re.compile(r"(?i)([?&;][^=&\s'\"]*(?:key|secret|token|passw|credential|signature|sig|auth|"
-                           r"session)[^=&\s'\"]*=)[^&\s'\"]+")
+                           r"session|jwt)[^=&\s'\"]*=)[^&\s'\"]+")
+# Query keys that are secrets only as the whole key (an OAuth authorization code; "?statuscode=" is not one).
+_SECRET_QUERY_EXACT = re.compile(r"(?i)([?&;](?:code|pwd|pw)=)[^&\s'\"]+")
+# Connection-string fields (Azure's "AccountName=a;AccountKey=...;"), also at the start of the text.
+_CONNECTION_KEY = re.compile(r"(?i)((?:^|(?<=[\s;'\"]))(?:AccountKey|SharedAccessSignature|SharedAccessKey)=)"
+                             r"[^;\s'\"]+")
 _USERINFO = re.compile(r"(://)[^/@\s'\"]+@")
 _BEARER = re.compile(r"(?i)(\bbearer\s+)[A-Za-z0-9._~+/=-]{8,}")
 _AUTH_HEADER = re.compile(r"(?i)((?:authorization|x-api-key|x-auth-token|cookie)\s*[:=]\s*)[^'\"\n]+")
+# "Name: value" where Name is a hyphenated header name that names a credential (X-JFrog-Art-Api,
+# Private-Token, X-Goog-Api-Key); plain words ("max_batch_tokens: 4000") and ordinary headers
+# (Content-Range) stay readable.
+_HEADER = re.compile(r"(?i)(?<![\w-])([a-z][a-z0-9]*(?:-[a-z0-9]+)+)(\s*:\s*)([^'\"\n]+)")
+_HEADER_SECRET = re.compile(r"(?i)(api|token|key|secret|auth|passw|session|cookie|signature|credential)")
+# curl -u/--user/-U/--proxy-user user:PASSWORD (the user name stays), wget --password=PASSWORD & co.
+_USER_FLAG = re.compile(r"(?<![\w-])((?:-u|-U|--user|--proxy-user)(?:\s+|=)?['\"]?[^\s'\":]*:)[^\s'\"]+")
+# Long flags whose value is a secret: --password=, --http-password, --http-passwd (wget), --token, --api-key,
+# --client-secret, ...
+_PASSWORD_FLAG = re.compile(r"(?i)(?<![\w-])(--[\w-]*(?:passw(?:or)?d|token|secret|api-?key|access-key)"
+                            r"(?:\s+|=)['\"]?)(?!-)[^\s'\"]+")
+# Environment assignments in a shell command: AWS_SECRET_ACCESS_KEY=..., HF_TOKEN=..., PGPASSWORD=...
+_ENV_SECRET = re.compile(r"(?<![\w-])([A-Z][A-Z0-9_]*(?:SECRET|TOKEN|PASSWORD|PASSWD|ACCESS_KEY|API_KEY|CREDENTIAL)"
+                         r"[A-Z0-9_]*=)['\"]?[^\s'\";]+")
+# A secret-named key quoted in a dict's repr: {'secret': 'abc', "token": "xyz"}
+_QUOTED_PAIR = re.compile(r"(?i)((['\"])[\w-]*(?:key|secret|token|passw|credential|signature|auth|session|cookie|"
+                          r"jwt)[\w-]*\2\s*:\s*)(['\"])(?:(?!\3).)+\3")
 _HF_TOKEN = re.compile(r"\bhf_[A-Za-z0-9]{20,}\b")
 _AWS_KEY_ID = re.compile(r"\b(?:AKIA|ASIA)[0-9A-Z]{16}\b")
 
@@ -46,10 +77,28 @@ def scrub(text: Any) -> str:
     """``str(text)`` with every secret this module knows of masked."""
     out = _USERINFO.sub(r"\1" + MASK + "@", str(text))
     out = _SECRET_QUERY.sub(r"\1" + MASK, out)
+    out = _SECRET_QUERY_EXACT.sub(r"\1" + MASK, out)
+    out = _CONNECTION_KEY.sub(r"\1" + MASK, out)
     out = _AUTH_HEADER.sub(r"\1" + MASK, out)
+    out = _HEADER.sub(_header, out)
+    out = _USER_FLAG.sub(r"\1" + MASK, out)
+    out = _PASSWORD_FLAG.sub(r"\1" + MASK, out)
+    out = _ENV_SECRET.sub(r"\1" + MASK, out)
+    out = _QUOTED_PAIR.sub(r"\1\3" + MASK + r"\3", out)
     out = _BEARER.sub(r"\1" + MASK, out)
     out = _HF_TOKEN.sub("hf_" + MASK, out)
     return _AWS_KEY_ID.sub(MASK, out)
+
+
+def secret_header(name: str) -> bool:
+    """Is ``name`` an HTTP header that carries a credential (Authorization, Cookie, X-Api-Key,
+    X-JFrog-Art-Api, Private-Token, ...)?"""
+    return bool(_HEADER_SECRET.search(name))
+
+
+def _header(m: re.Match) -> str:
+    name = m.group(1)
+    return m.group(0) if not secret_header(name) else name + m.group(2) + MASK
 
 
 def scrub_url(url: str) -> str:

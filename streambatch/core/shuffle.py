@@ -20,9 +20,9 @@ a pure function of (key, n), the same on every machine.
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
 
 from .hashing import _helper, _splitmix
+from .jit import njit  # numba's, with a cache that may fail to save (core/jit.py)
 
 _U64 = 1 << 64
 _ROUNDS = 6

@@ -111,6 +111,9 @@ def state_int(state: Mapping[str, Any], key: str, minimum: int = 0, maximum: int
     """``state[key]`` as an int in [minimum, maximum], or a ValueError naming
     the key, the value, the range and the likely cause (``why``: what the
     bound comes from, for the message)."""
+    if key not in state:
+        raise ValueError(f"the state has no {key!r} (it holds {', '.join(map(repr, state))}); pass the whole dict "
+                         f"that state_dict() returned, unedited")
     value = state[key]
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
         raise ValueError(f"state[{key!r}] must be an integer, got {value!r:.100} ({type(value).__name__}); "

@@ -8,6 +8,8 @@ from typing import Any
 
 import numpy as np
 
+from .keywords import REQUIRED
+
 INT64_MAX = np.iinfo(np.int64).max
 
 
@@ -108,6 +110,9 @@ def check_budget(value: Any) -> int:
     A fractional budget is floored: for integer token counts ``t > 16000.5``
     is the same test as ``t > 16000``, so the plan is unchanged.
     """
+    if value is REQUIRED:
+        raise TypeError("max_batch_tokens is required: the budget of one batch, in the units of the lengths "
+                        "(e.g. max_batch_tokens=16_000, or as the second positional argument)")
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise TypeError(f"max_batch_tokens must be a number, got {value!r} ({type(value).__name__})")
     given = value

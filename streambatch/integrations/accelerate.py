@@ -62,7 +62,9 @@ class GlobalBatchSampler(Sampler[list[int]]):
     (every rank would train on every batch).
 
     sampler: a ``DynamicBatchSampler`` planned for ``world_size`` = the number
-        of processes (its ``rank`` does not matter here).
+        of processes (build it with ``rank=None, world_size=None``: its rank
+        does not change the batches dealt here, but under torch.distributed
+        the ranks must still be the processes' own, each once).
     """
 
     def __init__(self, sampler: DynamicBatchSampler) -> None:

@@ -34,6 +34,8 @@ Stream: ``CutSet`` mini-batches, this rank's share of each global step."""
 
 from __future__ import annotations
 
+import difflib
+import inspect
 import json
 import math
 import numbers
@@ -65,6 +67,12 @@ log = logger("streambatch.lhotse")  # scrubs URLs (credentials) from what it log
 _IGNORED = ("num_buckets", "duration_bins", "num_cuts_for_bins_estimate", "buffer_size", "quadratic_duration",
             "sync_buckets", "concurrent", "shuffle_buffer_size", "consistent_ids", "strict")
 DEFAULT_MAX_CUTS = 1024
+# DynamicBatchSampler's (and other loaders') names for what this sampler calls max_duration and max_cuts: a
+# keyword this class does not take goes on to the planner's option check, whose hint would name
+# DynamicBatchSampler's keyword, which this class does not take either
+_OWN_NAMES = {"max_batch_tokens": "max_duration", "max_tokens": "max_duration", "batch_tokens": "max_duration",
+              "max_frames": "max_duration", "max_batch_size": "max_cuts", "batch_size": "max_cuts",
+              "max_batch": "max_cuts"}
 
 
 def world_of(world_size: int | None, rank: int | None) -> tuple[int, int]:
@@ -150,6 +158,19 @@ class _EagerCuts:
         return [self.cuts[i] for i in indices]
 
 
+def _check_own_names(options: dict[str, Any]) -> None:
+    """A TypeError naming this sampler's keyword for one of ``options`` that means it (``batch_size`` ->
+    ``max_cuts``, ``max_duraton`` -> ``max_duration``); options that are none of these are the planner's."""
+    own = [p for p in inspect.signature(BalancedCutSampler.__init__).parameters if p not in ("self", "options")]
+    for name in options:
+        close = difflib.get_close_matches(name, own, n=1, cutoff=0.8)
+        meant = _OWN_NAMES.get(name) or (close[0] if close else None)
+        if meant is not None:
+            why = (" (it takes lhotse's names: max_duration in seconds per batch, max_cuts per batch)"
+                   if meant in ("max_duration", "max_cuts") else "")
+            raise TypeError(f"BalancedCutSampler got an unexpected keyword {name!r}: did you mean {meant}=?{why}")
+
+
 class BalancedCutSampler(DynamicBatchSampler):
     """``CutSet`` mini-batches with balanced global steps: a drop-in for lhotse's ``DynamicBucketingSampler``.
 
@@ -171,6 +192,7 @@ class BalancedCutSampler(DynamicBatchSampler):
             raise ValueError("BalancedCutSampler plans under a token budget (max_duration, max_cuts); lhotse's "
                              "SamplingConstraint objects are not supported")
         planner_options = {k: v for k, v in options.items() if k not in _IGNORED}
+        _check_own_names(planner_options)
         if ignored:
             log.info("BalancedCutSampler: %s do not apply (the planner buckets by length itself)", ", ".join(ignored))
         if isinstance(seed, bool) or not isinstance(seed, numbers.Integral):

@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from ..core.config import PlanConfig, check_epoch
+from ..core.keywords import REQUIRED
 from ..core.plan import Plan
 from ..core.registry import PLANNERS, check_planner, get_planner
 from ..core.types import FlagLike, IntLike, LengthsLike, NumberLike
@@ -52,7 +53,7 @@ def register_planner(planner: Planner | str, fn: PlanFunction | Callable[..., Pl
     return planner
 
 
-def make_plan(lengths: LengthsLike, max_batch_tokens: NumberLike | PlanConfig, max_batch_size: IntLike = 64,
+def make_plan(lengths: LengthsLike, max_batch_tokens: NumberLike | PlanConfig = REQUIRED, max_batch_size: IntLike = 64,
               world_size: IntLike = 1, shuffle: FlagLike = True, drop_last: FlagLike = False, seed: IntLike = 42,
               epoch: IntLike = 0, planner: str = "greedy", **options: Any) -> Plan:
     """Validate everything, then plan one epoch.

@@ -51,6 +51,7 @@ import numpy as np
 from ..core.bounds import STEP_SLACK_DIV
 from ..core.constraint import BatchConstraint, BatchLimits
 from ..core.cost import ALL_KINDS, CostModel
+from ..core.keywords import misspelled
 from ..core.plan import Plan
 
 PACK_OPTION = "pack"  # the option name that switches a planner to packed batches (``Planner.packs``)
@@ -187,6 +188,8 @@ class Planner:
         if unknown:
             valid = f"its options are {names}" if names else "it takes no options"
             hint = "; packed batches are planner='bucketed', pack=True" if PACK_OPTION in unknown else ""
+            # the entry points pass every keyword they do not take on as an option: name a misspelled one
+            hint += misspelled([u for u in unknown if u != PACK_OPTION], names)
             raise UnknownOptionError(f"planner {self.name!r} got unknown option(s) {unknown}; {valid}{hint}")
         out = {}
         for o in self.options:

@@ -7,8 +7,8 @@ Arrays in, arrays out; allocation through the toolkit's helpers.
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
 
+from ..core.jit import njit  # numba's, with a cache that may fail to save (core/jit.py)
 from .toolkit import _helper, _new, _zeros
 
 

@@ -56,7 +56,8 @@ Compile time (a cold first call compiles every kernel) shapes this code:
 from __future__ import annotations
 
 import numpy as np
-from numba import njit  # noqa: F401 (re-exported for the kernel modules)
+
+from ..core.jit import njit  # noqa: F401 (numba's, cache saves guarded; re-exported for the kernel modules)
 
 _U32 = np.uint64(32)
 _I64_MAX = np.int64(np.iinfo(np.int64).max)  # a typed global: np.iinfo compiles code in every kernel using it

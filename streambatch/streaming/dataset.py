@@ -15,6 +15,7 @@ from typing import Any, Literal
 from torch.utils.data import IterableDataset, get_worker_info
 
 from ..core.config import check_epoch
+from ..core.keywords import REQUIRED
 from ..core.long_samples import check_max_length
 from ..core.redact import scrub_exception
 from ..core.types import FlagLike, IntLike, LengthFrom, NumberLike, UrlsLike
@@ -92,7 +93,7 @@ class StreamingBatches(IterableDataset):
         out of its batch, which is still yielded (``pipeline/samples.OutputOptions``).
     """
 
-    def __init__(self, urls: UrlsLike | Source | Sequence[Source], max_batch_tokens: NumberLike,
+    def __init__(self, urls: UrlsLike | Source | Sequence[Source], max_batch_tokens: NumberLike = REQUIRED,
                  max_batch_size: IntLike = 64, *, shuffle: FlagLike = True, drop_last: FlagLike = False,
                  rank: IntLike | None = None, world_size: IntLike | None = None, seed: IntLike = 42,
                  planner: str = RECOMMENDED, verify: bool | str = True, max_length: IntLike | None = None,
@@ -160,7 +161,8 @@ class StreamingBatches(IterableDataset):
             scrub_exception(failure)  # a backend's exception may quote a URL with its credentials
         if will_check(verify, world):
             agree({"fingerprint": 0 if failure else self.fingerprint},
-                  "the streaming plan (shard list, sidecars or streaming settings)", failure)
+                  "the streaming plan (shard list, sidecars or streaming settings)", failure,
+                  layout=(getattr(self, "rank", 0), world))  # who is which rank, too (ignored if this rank failed)
         elif failure is not None:
             raise failure
         self.world_size = world
@@ -219,10 +221,16 @@ class StreamingBatches(IterableDataset):
         yielded and ``skipped`` the samples skipped by the main process and
         its workers. In a DataLoader worker (as torchdata's StatefulDataLoader
         saves it) ``step`` is the next step this worker yields and
-        ``skipped`` what this worker skipped. With a plain DataLoader and
-        workers, save your own step count and use ``set_start_batch``.
+        ``skipped`` what this worker skipped. In the main process after
+        DataLoader workers began the epoch's pass it warns (RuntimeWarning):
+        only they know the position, and this state says the pass's start.
+        Then save ``StatefulDataLoader.state_dict()``, or your own step count
+        and resume with ``set_start_batch`` (``docs/guide/resume.md``: the
+        three ways).
         """
-        position = self.progress.state_dict()  # epoch, step, worker, num_workers, skipped, elastic history
+        # epoch, step, worker, num_workers, skipped, elastic history (in the main process: warns if only the
+        # DataLoader workers know the position)
+        position = self.progress.state_dict(main=get_worker_info() is None)
         sources = self.plan.source_positions(position["epoch"]) if self.sources is not None else None
         return ordered_state(position, self.world_size, self.config, self.fingerprint, sources)
 

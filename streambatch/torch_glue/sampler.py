@@ -14,6 +14,7 @@ import numpy as np
 from torch.utils.data import Sampler
 
 from ..core.config import PlanConfig, check_epoch
+from ..core.keywords import REQUIRED
 from ..core.long_samples import check_max_length, too_long
 from ..core.mix import Mix, specs_from
 from ..core.plan import Plan, RankBatches
@@ -23,7 +24,7 @@ from ..core.validation import check_flag, check_int, coerce_lengths
 from ..epoch.elastic import Segments
 from ..epoch.epoch_plan import EpochPlan
 from ..epoch.windows import Window
-from .distributed import active, agree, resolve_world, will_check
+from .distributed import SEED_RANK, SEED_WORLD, active, agree, resolve_world, warn_seed_defaults, will_check
 from .guard import check_per_rank_sampler
 from .prefetch import prefetching_loader
 from .preflight import PreflightReport, preflight_sampler
@@ -68,9 +69,9 @@ class DynamicBatchSampler(SamplerStateMixin, Sampler[list[int]]):
         **planner_options: options of the chosen planner.
     """
 
-    def __init__(self, lengths: LengthsLike, max_batch_tokens: NumberLike, max_batch_size: IntLike = 64,
-                 shuffle: FlagLike = True, drop_last: FlagLike = False, rank: IntLike | None = 0,
-                 world_size: IntLike | None = 1, seed: IntLike = 42, *, planner: str = "greedy",
+    def __init__(self, lengths: LengthsLike, max_batch_tokens: NumberLike = REQUIRED, max_batch_size: IntLike = 64,
+                 shuffle: FlagLike = True, drop_last: FlagLike = False, rank: IntLike | None = SEED_RANK,
+                 world_size: IntLike | None = SEED_WORLD, seed: IntLike = 42, *, planner: str = "greedy",
                  verify: FlagLike = True, max_length: IntLike | None = None, long_samples: str = "drop",
                  mix: Mix | None = None, **planner_options: Any) -> None:
         failure: BaseException | None = None
@@ -81,6 +82,8 @@ class DynamicBatchSampler(SamplerStateMixin, Sampler[list[int]]):
         try:
             self.verify = check_flag("verify", verify)
             self.rank, world = resolve_world(rank, world_size)
+            if rank is SEED_RANK and world_size is SEED_WORLD:
+                warn_seed_defaults(self)
             self.config = PlanConfig.build(max_batch_tokens, max_batch_size, world, shuffle, drop_last, seed,
                                            planner, planner_options)
             self.lengths = coerce_lengths(lengths)
@@ -103,7 +106,8 @@ class DynamicBatchSampler(SamplerStateMixin, Sampler[list[int]]):
         self._plan_fp: int | None = None  # the plan's fingerprint, computed when a check needs it
         if will_check(verify, world):
             self._plan_fp = plan.fingerprint() if plan is not None else 0  # a plan exactly when no failure
-            agree({"fingerprint": self._plan_fp, "epoch": 0, "start batch": 0}, "the plan of epoch 0", failure)
+            agree({"fingerprint": self._plan_fp, "epoch": 0, "start batch": 0}, "the plan of epoch 0", failure,
+                  layout=(getattr(self, "rank", 0), world))  # (ignored when this rank failed)
         elif failure is not None:
             raise failure
         self.plan: Plan = cast(Plan, plan)  # agree() raised on every rank if any failed to plan

@@ -119,6 +119,19 @@ def test_arguments_map_onto_the_budget(eager):
     assert len(ours[0]) == len(ours[1])
 
 
+@pytest.mark.parametrize("kwargs, meant", [
+    ({"batch_size": 8}, "max_cuts"), ({"max_batch_size": 8}, "max_cuts"), ({"max_batch_tokens": 300}, "max_duration"),
+    ({"max_tokens": 300}, "max_duration"), ({"max_cuts_": 8}, "max_cuts"), ({"world_sise": 2}, "world_size"),
+])
+def test_a_misspelled_keyword_names_the_samplers_own(eager, kwargs, meant):
+    # unknown keywords go on to the planner's option check, whose hint names DynamicBatchSampler's keywords
+    # (max_batch_size=, max_batch_tokens=): this sampler names its own (issue 32's hints with issue 33's sampler)
+    with pytest.raises(TypeError, match=rf"{next(iter(kwargs))!r}: did you mean {meant}=") as info:
+        BalancedCutSampler(eager, max_duration=3.0, **kwargs)
+    assert "max_batch_size=" not in str(info.value) and "max_batch_tokens=" not in str(info.value)
+    assert len(BalancedCutSampler(eager, max_duration=3.0, bucket_width=0.2)) > 0  # a planner option still passes
+
+
 @pytest.mark.slow
 def test_exact_resume(eager):
     check_state_roundtrip(lambda: BalancedCutSampler(eager, max_duration=1.5, shuffle=True, world_size=2, rank=1),

@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..toolkit import _I64_MAX, _below, _grow, _helper, _inline, _mix, _new, njit
+from ...core.jit import njit  # numba's, with a cache that may fail to save (core/jit.py)
+from ..toolkit import _I64_MAX, _below, _grow, _helper, _inline, _mix, _new
 from .sort import _TAGS, _histograms, _scatter_by_bucket, _scatter_by_tag
 
 SCAN = 8  # samples of a bucket a bin looks through for one that fits (``_fitting``)

@@ -15,8 +15,8 @@ from __future__ import annotations
 import random
 
 import numpy as np
-from numba import njit
 
+from ...core.jit import njit  # numba's, with a cache that may fail to save (core/jit.py)
 from ..toolkit import _helper
 
 _N = 624

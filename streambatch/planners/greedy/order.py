@@ -4,8 +4,8 @@
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
 
+from ...core.jit import njit  # numba's, with a cache that may fail to save (core/jit.py)
 from ..toolkit import _radix_argsort
 from .mt19937 import _shuffle_slice
 

@@ -29,8 +29,8 @@ several times slower than W = 64.
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
 
+from ...core.jit import njit  # numba's, with a cache that may fail to save (core/jit.py)
 from ..toolkit import _I64_MAX as _BIG
 from ..toolkit import _grow, _helper, _new
 

@@ -8,8 +8,8 @@ with ``(ca, cb) = CostModel.coefficients`` (``scale * cost``).
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
 
+from ...core.jit import njit  # numba's, with a cache that may fail to save (core/jit.py)
 from ..toolkit import _cost
 
 

@@ -37,6 +37,23 @@ def _time_major(x: Any, where: str) -> Any:
     return x
 
 
+def _float_audio(x: Any, where: str) -> Any:
+    """A waveform as float32 on one scale: floats as they are, integer PCM divided by its full scale
+    (int16 by 2**15, int32 by 2**31, int8 by 2**7; unsigned 8-bit centred at 128, as WAV stores it), so that
+    samples decoded to different types land on the same [-1, 1) scale."""
+    import torch
+
+    if x.dtype.is_floating_point:
+        return x.to(torch.float32)
+    bits = {torch.int8: 7, torch.int16: 15, torch.int32: 31}.get(x.dtype)
+    if bits is not None:
+        return x.to(torch.float32) / float(1 << bits)
+    if x.dtype == torch.uint8:
+        return (x.to(torch.float32) - 128.0) / 128.0
+    raise TypeError(f"{where} is a {x.dtype} waveform, which is no PCM sample width collate_packed can scale; "
+                    "convert it to float (in [-1, 1]) or to int16/int32 PCM first")
+
+
 def _payload(sample: Any, key: str | None, i: int) -> tuple[Any, str | None, Any]:
     """(tensor, member name or None, sample rate or None) of one sample;
     decoded audio is (C, T) with its rate, anything else (T,) or (T, D)."""
@@ -71,7 +88,8 @@ def collate_packed(batch: Sequence[Any], key: str | None = None) -> dict[str, An
     its decoded audio member, the member named ``key``, or its only tensor.
 
     Returns a dict:
-      ``audio`` (C, sum T) float32 for waveforms ((1, sum T) when mono) or
+      ``audio`` (C, sum T) float32 for waveforms ((1, sum T) when mono;
+      integer PCM scaled to [-1, 1) by its full scale, floats as they are) or
       ``features`` (sum T, D) for features: the samples end to end;
       ``cu_seqlens`` (B + 1,) int32: sample i is ``[cu_seqlens[i], cu_seqlens[i + 1])``;
       ``max_seqlen`` int: the longest T (flash-attn's ``max_seqlen_q/k``);
@@ -103,7 +121,7 @@ def collate_packed(batch: Sequence[Any], key: str | None = None) -> dict[str, An
         raise ValueError("a batch mixes decoded audio, (T,) waveforms and (T, D) features; pack one kind per batch")
     audio = kinds != {2}
     if audio:
-        parts = [p if p.dim() == 2 else p.reshape(1, -1) for p in parts]
+        parts = [_float_audio(p if p.dim() == 2 else p.reshape(1, -1), f"sample {i}") for i, p in enumerate(parts)]
         channels = {p.shape[0] for p in parts}
         if len(channels) > 1:
             raise ValueError(f"a batch mixes channel counts {sorted(channels)}; downmix the corpus to one")
@@ -113,6 +131,10 @@ def collate_packed(batch: Sequence[Any], key: str | None = None) -> dict[str, An
         dims = {p.shape[1] for p in parts}
         if len(dims) > 1:
             raise ValueError(f"a batch mixes feature sizes {sorted(dims)}; every sample must be (T, D) with one D")
+        dtypes = {p.dtype for p in parts}
+        if len(dtypes) > 1:  # torch.cat would promote silently (int token ids beside float features)
+            raise ValueError(f"a batch mixes dtypes {sorted(map(str, dtypes))} of (T, D) features; give every "
+                             "sample the same dtype")
         lengths = [p.shape[0] for p in parts]
         packed = torch.cat(parts, dim=0)
     lens = torch.tensor(lengths, dtype=torch.int64)

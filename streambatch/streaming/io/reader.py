@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import stat
 from collections import OrderedDict
 from collections.abc import Iterable
 
@@ -29,6 +30,40 @@ def open_stream(url: str):
         raise ShardError(f"cannot open shard {url}: {exc}") from exc
 
 
+_KINDS = ((stat.S_ISFIFO, "a FIFO (named pipe)"), (stat.S_ISCHR, "a character device"),
+          (stat.S_ISBLK, "a block device"), (stat.S_ISDIR, "a directory"), (stat.S_ISSOCK, "a socket"))
+
+
+def check_regular(url: str, mode: int, what: str = "shard") -> None:
+    """Refuse a local shard whose ``st_mode`` is not a regular file's: streambatch reads local shards by byte
+    offset and scans them front to back to index them, which a FIFO (open blocks until a writer comes, and
+    its bytes go once), a device (/dev/zero never ends) or a directory cannot give. ``what``: the kind of file
+    named in the error (another corpus format's files: "Parquet file", "NeMo manifest", "Shar cuts file")."""
+    if stat.S_ISREG(mode):
+        return
+    kind = next((name for test, name in _KINDS if test(mode)), "a special file")
+    path = local_path(url)
+    link = f" (a symlink to {os.path.realpath(path)})" if os.path.islink(path) else ""
+    fix = ("local shards are read by byte offset and indexed front to back; copy the data into a regular .tar "
+           "file and list that" if what == "shard" else
+           "streambatch reads it whole or by byte offset, which a FIFO, a device or a directory cannot give; copy "
+           "it into a regular file and name that")
+    raise ShardError(f"{what} {url} is {kind}{link}, not a regular file: {fix}")
+
+
+def open_regular(url: str, what: str = "shard") -> int:
+    """A read-only descriptor of local shard ``url``, checked to be a regular file (``check_regular``).
+    Opened non-blocking, so that a FIFO put in a shard's place is refused instead of waiting for a writer
+    (for a regular file the flag changes nothing). OSError passes through for the caller to word."""
+    fd = os.open(local_path(url), os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+    try:
+        check_regular(url, os.fstat(fd).st_mode, what)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
 def open_shard(url: str, seekable: bool):
     """A binary file object over a shard for one front-to-back scan.
 
@@ -38,9 +73,10 @@ def open_shard(url: str, seekable: bool):
         return open_stream(url)
     with contextlib.ExitStack() as on_error:  # closes the file if it is refused; the caller closes it otherwise
         try:
-            f = on_error.enter_context(open(local_path(url), "rb"))
+            fd = open_regular(url)
         except OSError as exc:
             raise ShardError(f"cannot open shard {url}: {exc}") from exc
+        f = on_error.enter_context(os.fdopen(fd, "rb"))
         _refuse_compressed(url, f.read(6))
         f.seek(0)
         on_error.pop_all()
@@ -77,7 +113,7 @@ class LocalReader:
         while len(self._fds) >= self.max_open:
             os.close(self._fds.popitem(last=False)[1][0])
         try:
-            fd = os.open(local_path(url), os.O_RDONLY)
+            fd = open_regular(url)
         except OSError as exc:
             if exc.errno in OUT_OF_RESOURCES and self._fds:
                 self.close()  # give our own descriptors back and retry once

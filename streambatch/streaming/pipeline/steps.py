@@ -20,6 +20,7 @@ Stream: ``RankWindow`` per planned window: this process's steps of it and their 
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -108,6 +109,16 @@ class Cursor:
                              "steps: the state or start batch does not belong to this dataset")
 
 
+WORKERS_HOLD = (
+    "StreamingBatches.state_dict() was called in the main process after DataLoader workers began the pass over "
+    "epoch {epoch}: the workers hold the position, the main process cannot know it (this state says the pass's "
+    "start, and resuming from it would train the batches trained since again). Save the position one of three ways: "
+    "torchdata's StatefulDataLoader(ds, batch_size=None, num_workers=N) and its loader.state_dict(); or count the "
+    "batches your loop took and resume with ds.set_epoch(epoch) and ds.set_start_batch(step); or iterate with "
+    "num_workers=0, where ds.state_dict() is exact. Between epochs, call ds.set_epoch(next_epoch) first: the "
+    "state then says where that epoch starts (docs/guide/resume.md)")
+
+
 class Progress:
     """The position of a dataset across passes and processes (see the module
     docstring); ``fingerprint`` binds a saved elastic history (``history``)."""
@@ -152,6 +163,7 @@ class Progress:
             cursor = Cursor(epoch, start, worker, num_workers, segments, 0 if worker is None else stride)
         # A later set_start_batch or load_state_dict replaces self.cursor without breaking a pass still running.
         self.cursor = cursor
+        self.shared.pass_began(cursor.epoch, worker)
         return cursor
 
     def add_skip(self, cursor: Cursor) -> int:
@@ -163,10 +175,15 @@ class Progress:
         """Samples skipped by this rank: every process, plus those restored from a state."""
         return self.shared.skipped()
 
-    def state_dict(self) -> dict[str, Any]:
+    def state_dict(self, main: bool = True) -> dict[str, Any]:
         """The position part of the dataset's state (``core/state.py`` keys):
-        the latest pass's, or where the next pass over the current epoch starts."""
+        the latest pass's, or where the next pass over the current epoch starts.
+        ``main``: asked in the main process, which warns when DataLoader workers
+        began the epoch's pass since it last set a position (only they know it)."""
         c = self.cursor
+        if main and self.shared.workers_hold(self.epoch):
+            # (a warning, as the sampler's when a loader prefetches: the state is still the epoch's and settings')
+            warnings.warn(WORKERS_HOLD.format(epoch=self.epoch), RuntimeWarning, stacklevel=3)
         if c is None or c.epoch != self.epoch:
             pending = self.shared.pending(self.epoch)
             segments = self.history.get(self.epoch)

@@ -10,8 +10,10 @@ its own slots, so no lock is needed.
 
 Layout (int64): epoch; a pending resume (epoch or -1, step, a token that
 changes with each new resume, and the worker count of the pass that claimed
-it); skips loaded from a state; then one "claimed token" slot per worker and
-one skip counter per process (main process, worker 0, worker 1, ...).
+it); skips loaded from a state; the epoch (+ 1) of a pass DataLoader workers
+began since the main process last set a position (0: none; then only the
+workers know how far the pass got); then one "claimed token" slot per worker
+and one skip counter per process (main process, worker 0, worker 1, ...).
 
 Stream: nothing: shared-memory counters (epoch, resume position, skips) across a rank's processes."""
 
@@ -23,8 +25,8 @@ from typing import Any
 
 MAX_WORKERS = 256  # DataLoader workers per rank that can share one dataset
 
-_EPOCH, _R_EPOCH, _R_STEP, _R_TOKEN, _R_WORKERS, _SKIP_BASE = range(6)
-_CLAIMS = 6                     # + worker id: the resume token this worker last claimed
+_EPOCH, _R_EPOCH, _R_STEP, _R_TOKEN, _R_WORKERS, _SKIP_BASE, _W_PASS = range(7)
+_CLAIMS = 7                     # + worker id: the resume token this worker last claimed
 _SKIPS = _CLAIMS + MAX_WORKERS  # + 0 (main process) or 1 + worker id: samples it skipped
 _SIZE = _SKIPS + 1 + MAX_WORKERS
 
@@ -45,13 +47,26 @@ class SharedState:
     @epoch.setter
     def epoch(self, epoch: int) -> None:
         self._a[_EPOCH] = epoch
+        self._a[_W_PASS] = 0  # a new pass: it starts where the main process says
         if self._a[_R_EPOCH] != epoch:
             self._a[_R_EPOCH] = -1  # a resume belongs to its epoch
+
+    # ------------------------------------------------------------ who holds the position
+
+    def pass_began(self, epoch: int, worker: int | None) -> None:
+        """A pass over ``epoch`` begins in a DataLoader worker (its position is then the workers'), or in the
+        main process (``worker`` None: the main process knows its own)."""
+        self._a[_W_PASS] = 0 if worker is None else epoch + 1
+
+    def workers_hold(self, epoch: int) -> bool:
+        """Did DataLoader workers begin a pass over ``epoch`` after the main process last set a position?"""
+        return self._a[_W_PASS] == epoch + 1
 
     # ------------------------------------------------------------ resume
 
     def set_resume(self, epoch: int, step: int) -> None:
         """The next pass over ``epoch`` starts at ``step`` (once: see ``claim``)."""
+        self._a[_W_PASS] = 0
         self._a[_EPOCH] = epoch
         self._a[_R_STEP] = step
         self._a[_R_WORKERS] = 0

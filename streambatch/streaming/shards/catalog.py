@@ -31,8 +31,9 @@ from ...core.types import IntLike, LengthFrom, UrlsLike
 from ..errors import ShardError
 from ..io.objects import is_remote
 from ..io.ranged import exists
+from ..io.reader import check_regular
 from ..io.retry import RetryPolicy
-from ..io.urls import expand_urls, is_local, local_path
+from ..io.urls import expand_urls, is_local, local_path, padding_fix
 from .catalog_file import is_catalog, read_catalog
 from .catalog_trust import TrustLike, check_trust
 from .hints import index_command
@@ -194,7 +195,7 @@ def open_urls(urls: list[str], *, index_dir: str | None = None, index_missing: b
               index_workers: IntLike | None = 1, url_hint: str | None = None, verify: str = "stat",
               storage_options: dict | None = None, retry: RetryPolicy | None = None) -> Catalog:
     """``open_catalog`` of an expanded list of shard URLs (``io/urls.expand_urls``), from their sidecars."""
-    _check_shards_exist(urls)
+    _check_shards_exist(urls, url_hint)
     paths = [sidecar_path(u, index_dir) for u in urls]
     dup = _first_duplicate(paths)
     if dup is not None:
@@ -274,11 +275,19 @@ def _missing_message(urls, bad, index_dir, index_missing, url_hint, spec) -> str
     return msg
 
 
-def _check_shards_exist(urls: list[str]) -> None:
-    """A local shard that is not there is "no such file", not a sidecar problem."""
+def _check_shards_exist(urls: list[str], pattern: str | None = None) -> None:
+    """A local shard that is not there is "no such file", not a sidecar problem (``pattern``: the brace pattern
+    the URLs came from, when one did: an unpadded range is named as the mistake it is)."""
     gone = [u for u in urls if is_local(u) and not os.path.isfile(local_path(u))]
+    for u in gone:
+        if os.path.exists(local_path(u)) and not os.path.isdir(local_path(u)):
+            check_regular(u, os.stat(local_path(u)).st_mode)  # a FIFO, device or socket: say what it is
     if gone:
         what = "a directory, not a tar shard" if os.path.isdir(local_path(gone[0])) else "no such file"
+        fixed = padding_fix(pattern) if isinstance(pattern, str) else None
+        why = (f"the files there are numbered with zero padding ({os.path.basename(expand_urls(fixed)[0])}): "
+               f"write the pattern as {fixed!r} (a brace range keeps the digits it is written with)" if fixed else
+               "check the path or the pattern: 'train-{000000..000099}.tar' names 100 shards")
         raise FileNotFoundError(errno.ENOENT, scrub(
-            f"{what} ({len(gone)} of {len(urls)} shards are missing, this is the first; check the path or the "
-            "pattern: 'train-{000000..000099}.tar' names 100 shards)"), scrub(local_path(gone[0])))
+            f"{what} ({len(gone)} of {len(urls)} shards are missing, this is the first; {why})"),
+            scrub(local_path(gone[0])))

@@ -82,9 +82,21 @@ def _untext(arr: np.ndarray, n: int) -> list[str]:
     return out
 
 
+def check_entries(urls, what: str = "shard") -> None:
+    """Refuse entries a catalog cannot hold: its text arrays are newline-joined, so a name with a line break
+    would split into two entries and the catalog would not open."""
+    for u in urls:
+        if "\n" in u or "\r" in u:
+            raise ValueError(scrub(f"{what} {u!r} has a line break in its name, which a catalog file cannot hold; "
+                                   "rename the shard, or index without a catalog (--no-catalog; in Python "
+                                   "catalog=False) and pass the shard list to StreamingBatches"))
+
+
 def catalog_arrays(urls, sidecars, metas: list[dict], lengths: list[np.ndarray], length_from: str, *, at: str):
     """(meta, arrays) of the catalog (or part) to be written at ``at``, over
     shards in the given order (relative paths stored relative to ``at``)."""
+    check_entries(urls)
+    check_entries(sidecars, "sidecar")
     counts = np.array([len(x) for x in lengths], dtype=np.int64)
     every = np.concatenate(lengths) if lengths else np.zeros(0, np.int64)
     if every.size and every.max() < 2**31:

@@ -33,7 +33,7 @@ from typing import Any
 from ..errors import ShardError
 from ..io.objects import is_remote
 from ..io.ranged import remote_stat
-from ..io.reader import open_stream
+from ..io.reader import check_regular, open_stream
 from ..io.urls import is_local, local_path
 
 VERIFY_MODES = ("stat", "full")
@@ -105,6 +105,7 @@ def shard_stat(url: str, storage_options: dict | None = None) -> dict[str, Any]:
         st = os.stat(path)
     except OSError as exc:
         raise ShardError(f"cannot open shard {url}: {exc}") from None
+    check_regular(url, st.st_mode)  # before reading it whole: a FIFO would block, /dev/zero never end
     return {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "fingerprint": shard_fingerprint(path, st.st_size),
             "content": content_digest(url)}
 

@@ -32,8 +32,8 @@ from ..io.objects import is_remote
 from ..io.ranged import AUDIO_HEAD, READAHEAD, StreamFile, exists, open_ranged, remote_stat
 from ..io.reader import open_shard
 from ..io.retry import RangeIgnored, RetryPolicy, as_policy
-from ..io.urls import expand_urls, is_local, local_path
-from .catalog_file import catalog_arrays, default_catalog_path, merge_parts, part_path, write_catalog
+from ..io.urls import expand_urls, is_local, local_path, padding_fix
+from .catalog_file import catalog_arrays, check_entries, default_catalog_path, merge_parts, part_path, write_catalog
 from .identity import HashingStream, content_hasher, shard_stat, staleness
 from .lengths import LengthSpec, length_of, length_spec
 from .sidecar import SidecarFile, sidecar_path, write_sidecar
@@ -264,6 +264,7 @@ def index_shards(urls: UrlsLike, *, length_from: LengthFrom = "json:duration", f
     retry = as_policy(retry)
     ranges = RangeNotice()
     all_urls = expand_urls(urls)
+    _check_padding(urls, all_urls)
     spec = length_spec(length_from, frames_per_second)
     i_part, n_parts = parse_part(part)
     urls = all_urls[i_part::n_parts]
@@ -271,6 +272,11 @@ def index_shards(urls: UrlsLike, *, length_from: LengthFrom = "json:duration", f
     default_workers = 16 if remote else (os.cpu_count() or 1)
     workers = check_int("workers", default_workers if workers is None else workers, 1)
     paths = [sidecar_path(u, index_dir, for_write=True) for u in urls]
+    if catalog is None:
+        catalog = remote or n_parts > 1
+    if catalog is not False:
+        check_entries(urls)  # before any work: a name the catalog cannot hold
+        check_entries(paths, "sidecar")
     todo, lengths, metas, stats = [], {}, {}, {}
     if force:
         todo = list(range(len(urls)))
@@ -309,8 +315,6 @@ def index_shards(urls: UrlsLike, *, length_from: LengthFrom = "json:duration", f
     finally:
         if bar:
             bar.close()
-    if catalog is None:
-        catalog = remote or n_parts > 1
     if catalog is not False and urls:
         target = os.fspath(catalog) if not isinstance(catalog, bool) else default_catalog_path(all_urls, index_dir)
         at = target if n_parts == 1 else part_path(target, i_part, n_parts)
@@ -322,6 +326,19 @@ def index_shards(urls: UrlsLike, *, length_from: LengthFrom = "json:duration", f
     pct = {k: int(np.percentile(every, q, method="nearest")) for k, q in qs.items()} if every.size else {}
     return IndexSummary(len(urls), len(todo), len(urls) - len(todo), int(every.size), int(every.sum()), pct,
                         time.perf_counter() - t0)
+
+
+def _check_padding(given: Any, urls: list[str]) -> None:
+    """A brace range written without the files' zero padding (``{0..7}`` for ``{000000..000007}``) names files
+    that are not there: say so, with the pattern that names the files, before any work."""
+    for pattern in [given] if isinstance(given, str) else [g for g in given if isinstance(g, str)]:
+        fixed = padding_fix(pattern)
+        gone = [u for u in expand_urls(pattern) if is_local(u) and not os.path.lexists(local_path(u))] if fixed else []
+        if gone:
+            example = os.path.basename(expand_urls(fixed)[0])
+            raise ShardError(f"no such file: {gone[0]} ({len(gone)} of {len(urls)} shards are missing); the files "
+                             f"there are numbered with zero padding ({example}): write the pattern as {fixed!r} (a "
+                             "brace range keeps the digits it is written with)")
 
 
 def parse_part(part: Any) -> tuple[int, int]:

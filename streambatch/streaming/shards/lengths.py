@@ -105,6 +105,18 @@ class LengthSpec:
         return n
 
 
+def _no_field(where: str, spec: LengthSpec, member: str, part: str, found: dict, sizes: dict[str, int]) -> str:
+    """The error for a json member without the field ``length_from`` names: its fields, and what to pass."""
+    fields = sorted(map(str, found))
+    shown = fields[:12] + (["..."] if len(fields) > 12 else [])
+    fix = "name the field that holds each sample's length with length_from='json:FIELD' (--length-from json:FIELD)"
+    if any(audio_ext(s) for s in sizes):
+        fix += (", or measure the audio headers: length_from='audio', frames_per_second=50 "
+                "(--length-from audio --frames-per-second 50)")
+    return (f"{where}: cannot read field {'.'.join(spec.field)!r} of member {member!r}: it has no field {part!r} "
+            f"(its fields: {shown}); {fix}")
+
+
 def _show(value: Any) -> str:
     text = repr(value)
     return text if len(text) <= 40 else f"{text[:20]}...({len(text)} characters)"
@@ -159,8 +171,12 @@ def length_of(spec: LengthSpec, members: dict[str, bytes], sizes: dict[str, int]
         try:
             value = json.loads(members[name])
             for part in spec.field:
+                if isinstance(value, dict) and part not in value:
+                    raise ValueError(_no_field(where, spec, name, part, value, sizes))
                 value = value[part]
         except (ValueError, KeyError, TypeError, IndexError, RecursionError) as exc:
+            if str(exc).startswith(where):
+                raise
             raise ValueError(f"{where}: cannot read field {'.'.join(spec.field)!r} of member {name!r}: "
                              f"{_show(exc)}") from None
         return spec.to_length(value, where)

@@ -66,6 +66,13 @@ class Source:
     def spec(self) -> SourceSpec:
         return SourceSpec(self.weight, self.samples, self.repeat)
 
+    def __repr__(self) -> str:
+        # URLs (and pipe: commands) may carry credentials; a repr ends up in logs and tracebacks
+        fields = ", ".join(f"{k}={getattr(self, k)!r}" for k in ("weight", "samples", "repeat", "index_dir", "name",
+                                                                   "format")
+                           if getattr(self, k) is not None)
+        return scrub(f"Source({self.urls!r}" + (f", {fields}" if fields else "") + ")")
+
 
 def is_sources(urls: Any) -> bool:
     """True if ``urls`` is a Source or a non-empty list of Sources; a list

@@ -169,6 +169,7 @@ def test_parquet_over_http_like_the_hub(tmp_path, monkeypatch):
     total = sum(os.path.getsize(p) for p in paths)
     with nginx_server(root, bearer=TOKEN) as web:
         monkeypatch.setenv("HF_ENDPOINT", web.url)  # the Hub's host gets HF_TOKEN
+        monkeypatch.setenv("STREAMBATCH_INSECURE_HTTP", web.url)  # a plain-http test server: named to get the token
         monkeypatch.setenv("HF_TOKEN", TOKEN)
         urls = [f"{web.url}/{REPO}/{os.path.basename(p)}" for p in paths]
         web.clear_log()

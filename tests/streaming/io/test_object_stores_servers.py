@@ -198,6 +198,7 @@ def hub_urls(hub):
 
 def test_hub_urls_index_locally_and_stream_with_the_token(corpus, hub, tmp_path, monkeypatch):
     monkeypatch.setenv("HF_ENDPOINT", hub.url)  # the Hub's host gets HF_TOKEN; no other host does
+    monkeypatch.setenv("STREAMBATCH_INSECURE_HTTP", hub.url)  # a plain-http test server: named to get the token
     monkeypatch.setenv("HF_TOKEN", TOKEN)
     monkeypatch.setenv("STREAMBATCH_INDEX_DIR", str(tmp_path / "home"))
     urls = hub_urls(hub)
@@ -224,16 +225,22 @@ def test_hub_urls_index_locally_and_stream_with_the_token(corpus, hub, tmp_path,
 def test_hub_index_write_refused_names_index_dir(corpus, hub, monkeypatch):
     # a write next to a read-only shard (asked for explicitly) is one clear error naming index_dir
     monkeypatch.setenv("HF_ENDPOINT", hub.url)
+    monkeypatch.setenv("STREAMBATCH_INSECURE_HTTP", hub.url)  # a plain-http test server: named to get the token
     monkeypatch.setenv("HF_TOKEN", TOKEN)
     with pytest.raises(ShardError, match=r"index_dir=DIR"):
         index_shards(hub_urls(hub)[:1], frames_per_second=FPS, index_dir=f"{hub.url}/{REPO_PATH}", progress=False)
 
 
-def test_hf_paths_refused_by_the_hub_are_not_retried(hub, tmp_path):
+def test_hf_paths_refused_by_the_hub_are_not_retried(hub, tmp_path, monkeypatch):
     """hf:// through HfFileSystem against a local endpoint that refuses (401:
     a private or gated repo): one error naming HF_TOKEN within seconds."""
     pytest.importorskip("huggingface_hub")
     opts = {"endpoint": hub.url, "token": "hf_wrong"}
+    hub.clear_log()
+    with pytest.raises(ValueError, match=rf"plain http.*STREAMBATCH_INSECURE_HTTP={hub.url}"):
+        RemoteShard("hf://datasets/org/speech/train-000000.tar", opts).info()  # a token for a plain-http endpoint
+    assert hub.log(expect=0, timeout=1) == []  # refused before any request
+    monkeypatch.setenv("STREAMBATCH_INSECURE_HTTP", hub.url)  # a plain-http test server: named to get the token
     t = time.monotonic()
     with pytest.raises(ShardError, match="HF_TOKEN"):
         RemoteShard("hf://datasets/org/speech/train-000000.tar", opts,
@@ -271,6 +278,7 @@ def test_hub_four_ranks_two_workers_behind_faults_and_a_refused_token(corpus, hu
     monkeypatch.setenv("STREAMBATCH_INDEX_DIR", str(tmp_path / "home"))
     with FaultProxy(hub.port) as px:
         monkeypatch.setenv("HF_ENDPOINT", px.url)
+        monkeypatch.setenv("STREAMBATCH_INSECURE_HTTP", px.url)  # plain http: named to get the token (and header)
         urls = [f"{px.url}/{REPO_PATH}/train-{i:06d}.tar" for i in range(len(SIZES))]
         index_shards(urls, frames_per_second=FPS, progress=False)
         catalog = [os.path.join(d, f) for d, _, fs in os.walk(tmp_path / "home") for f in fs

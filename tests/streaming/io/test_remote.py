@@ -340,6 +340,8 @@ def test_hub_token_goes_to_hub_hosts_only(monkeypatch):
 
     monkeypatch.setenv("HF_TOKEN", "hf_SECRET")
     monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9999")
+    # plain http gets the token only when the origin is named (issue 32; test_credentials_origin.py)
+    monkeypatch.setenv("STREAMBATCH_INSECURE_HTTP", "http://127.0.0.1:9999")
     bearer = {"Authorization": "Bearer hf_SECRET"}
     for url in ("https://huggingface.co/datasets/o/n/resolve/main/a.tar", "https://hf.co/x/a.tar",
                 "http://127.0.0.1:9999/datasets/o/n/resolve/main/a.tar"):

@@ -36,9 +36,11 @@ def keys(ds):
     ("https://h/d/c.catalog.npz", "file:///home/u/.ssh/id_rsa", "this machine's disk"),
     ("s3://b/d/c.catalog.npz", "https://elsewhere/a.tar", "a https:// URL, listed by a catalog in s3://"),
     ("https://h/d/c.catalog.npz", "s3://b/a.tar", "a s3:// URL"),
-    ("https://h/d/c.catalog.npz", "http://h/d/a.tar", None),  # http and https are one storage
+    # another origin (scheme, host, port; a bucket for object stores): issue 32 (it would get the credentials)
+    ("https://h/d/c.catalog.npz", "http://h/d/a.tar", "another origin (http://h:80)"),
+    ("https://h/d/c.catalog.npz", "https://h/e/a.tar", None),
     ("gs://b/c.catalog.npz", "gcs://b/a.tar", None),
-    ("s3://b/d/c.catalog.npz", "s3://other-bucket/a.tar", None),
+    ("s3://b/d/c.catalog.npz", "s3://other-bucket/a.tar", "another origin (s3://other-bucket)"),
     ("/data/c.catalog.npz", "https://h/a.tar", None),  # the documented local catalog of HTTP shards
     ("/data/c.catalog.npz", "/data/a.tar", None),
     ("/data/c.catalog.npz", "file:///data/a.tar", None),

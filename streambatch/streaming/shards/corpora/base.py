@@ -40,7 +40,7 @@ from ...errors import ShardError
 from ...formats.tar import TarEntry, TarScanner
 from ...io.objects import filesystem, is_remote
 from ...io.ranged import open_ranged, read_npz_bytes, remote_stat
-from ...io.reader import open_shard
+from ...io.reader import open_regular, open_shard
 from ...io.retry import RetryPolicy
 from ...io.urls import is_local, local_path
 from ..lengths import LengthSpec, length_spec
@@ -132,11 +132,13 @@ class CorpusFormat:
 # ---------------------------------------------------------------- shared helpers
 
 
-def read_object(url: str, storage_options: dict | None = None, retry: RetryPolicy | None = None) -> bytes:
-    """A whole small file (a cuts file, a manifest): local, or one GET under ``retry``."""
+def read_object(url: str, storage_options: dict | None = None, retry: RetryPolicy | None = None,
+                what: str = "file") -> bytes:
+    """A whole small file (a cuts file, a manifest): local, or one GET under ``retry``. A local one must be a
+    regular file (a ShardError naming ``what`` otherwise: a FIFO would block, /dev/zero never end)."""
     if is_remote(url):
         return read_npz_bytes(url, storage_options, retry)
-    with open(local_path(url), "rb") as f:
+    with os.fdopen(open_regular(url, what), "rb") as f:
         return f.read()
 
 

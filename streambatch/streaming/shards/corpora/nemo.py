@@ -162,7 +162,8 @@ class NemoTarred:
 
 def read_manifest(url: str, storage_options: dict | None = None, retry=None) -> list[dict]:
     """The entries of one NeMo manifest (JSON lines), in order."""
-    return list(json_lines(read_object(url, storage_options, retry), f"NeMo manifest {scrub_url(url)}"))
+    return list(json_lines(read_object(url, storage_options, retry, "NeMo manifest"),
+                           f"NeMo manifest {scrub_url(url)}"))
 
 
 def member_name(entry: dict) -> str:

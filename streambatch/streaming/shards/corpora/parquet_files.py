@@ -18,6 +18,7 @@ from ....core.redact import scrub_url
 from ...errors import ShardError
 from ...io.objects import IOStats, filesystem, is_remote
 from ...io.ranged import open_ranged, remote_stat
+from ...io.reader import check_regular, open_regular
 from ...io.urls import expand_urls, local_path
 
 _GLOB = set("*?[")
@@ -89,7 +90,8 @@ def open_file(url: str, storage_options: dict | None, retry, stats: IOStats, siz
         if size is None:
             size = remote_stat(url, storage_options, retry)["size"]
         return open_ranged(url, size, storage_options, stats=stats, readahead=readahead, retry=retry)
-    return CountingFile(open(local_path(url), "rb"))  # noqa: SIM115 (closed by the caller)
+    # a regular file only (a FIFO would block, /dev/zero never end); closed by the caller
+    return CountingFile(os.fdopen(open_regular(url, "Parquet file"), "rb"))
 
 
 class TailFile(io.RawIOBase):
@@ -200,4 +202,5 @@ def identity(url: str, storage_options: dict | None, retry) -> dict[str, Any]:
     if is_remote(url):
         return remote_stat(url, storage_options, retry)
     st = os.stat(local_path(url))
+    check_regular(url, st.st_mode, "Parquet file")  # before pyarrow opens it
     return {"size": st.st_size, "mtime_ns": st.st_mtime_ns}

@@ -138,7 +138,7 @@ class Shar:
 
 def read_cuts(url: str, storage_options: dict | None = None, retry=None):
     """The cut dicts of one cuts file (``.jsonl.gz`` or ``.jsonl``), in order."""
-    data = read_object(url, storage_options, retry)
+    data = read_object(url, storage_options, retry, "Shar cuts file")
     if data[:2] == b"\x1f\x8b":
         data = gzip.decompress(data)
     return json_lines(data, f"Shar cuts file {scrub_url(url)}")
