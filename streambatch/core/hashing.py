@@ -5,7 +5,7 @@ from __future__ import annotations
 from .jit import njit  # numba's, with a cache that may fail to save (core/jit.py)
 
 # Kernel helpers only other kernels call: no CPython or C wrapper to compile,
-# and no cache entry of their own (see ``planners/bucketed/common.py``).
+# and no cache entry of their own (see ``planners/toolkit.py``).
 _helper = njit(no_cpython_wrapper=True, no_cfunc_wrapper=True)
 
 
@@ -20,7 +20,7 @@ def _splitmix(h, v):
 
 @njit(cache=True, no_cfunc_wrapper=True)
 def _mix(h, v):
-    """``_splitmix`` callable from Python (tests, ``planners/bucketed/plan.py``'s twin)."""
+    """``_splitmix`` callable from Python (tests: the bucket sort's twin)."""
     return _splitmix(h, v)
 
 

@@ -1,8 +1,8 @@
 """Glue for elastic resume: the segment history in shared memory, and reading
 where a torchdata ``StatefulDataLoader`` stopped.
 
-The planning itself is ``planners/elastic.py`` (map-style) and
-``streaming/epoch/sample_mode.py`` (windows); this module only moves a few integers.
+The planning itself is the plan layer's ``epoch/elastic.py`` (map-style) and
+``epoch/sample_loop.py`` (windows); this module only moves a few integers.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """Matching a shard-affine window's cross-rank batches to the ranks holding
-their samples (``streaming/epoch/affinity/plan.py``, step 4 and 5): pooled outliers and the final
+their samples (``planner.py``, steps 4 and 5): pooled outliers and the final
 window's tail are planned across ranks by the bucketed planner, and every
 sample a rank trains without holding it costs that rank one ranged read.
 Three passes, each keeping the plan's steps and batch sizes: ``to_holders``

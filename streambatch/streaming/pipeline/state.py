@@ -8,7 +8,7 @@ process, a torchdata ``StatefulDataLoader.state_dict()``
 is bounded before any planning (``core/state.py``); the fingerprint must be
 this dataset's at the saver's world size. Saved at another world size, the
 saver's run becomes a finished segment of the epoch and the rest is planned
-for this one (``streaming/epoch/sample_mode.py``, ``shard_mode.py``). The
+for this one (``epoch/sample_loop.py``, ``shard_loop.py``). The
 checked position then goes to ``steps.Progress.load_state_dict``.
 
 Stream: nothing: the checked position a state resumes at."""

@@ -17,10 +17,10 @@ granularity for I/O:
   rounding by one sample per source) and is planned as one set, balanced and
   budgeted across ranks like any window. In ``read_mode="shard"`` each
   source's part of a window is cut into W pieces on its own
-  (``streaming/epoch/shard_mode.py``), so every rank streams a slice of every source.
+  (``epoch/shard_loop.py``), so every rank streams a slice of every source.
 
 Pure numpy plus sidecar reads (through ``Catalog``); no torch. An epoch's
-windows of a mix (the ``J`` windows above) are cut by ``streaming/epoch/mixes.py``.
+windows of a mix (the ``J`` windows above) are cut by ``epoch/mixed_windows.py``.
 
 Stream: nothing: the sources of a mix, opened as one ``SourceCatalog``."""
 
