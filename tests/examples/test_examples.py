@@ -9,12 +9,15 @@ once, a resume that continues where the stopped run left off.
 from __future__ import annotations
 
 import collections
+import contextlib
 import glob
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
+import time
 from importlib.util import find_spec
 
 import pytest
@@ -31,7 +34,7 @@ def needs(*modules: str):
     return pytest.mark.skipif(bool(missing), reason=why)
 
 
-def run(cwd, script: str, *args: str, procs: int | None = None, timeout: float = 420) -> str:
+def run(cwd, script: str, *args: str, procs: int | None = None, timeout: float = 300) -> str:
     """Run an example as a user would; returns its stdout and stderr together."""
     cmd = [sys.executable, os.path.join(EXAMPLES, script), *args]
     if procs is not None:  # torchrun --standalone: a free rendezvous port of its own
@@ -39,10 +42,47 @@ def run(cwd, script: str, *args: str, procs: int | None = None, timeout: float =
     env = dict(os.environ, OMP_NUM_THREADS="1")
     for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
         env.pop(key, None)
-    done = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
-    out = done.stdout + done.stderr
-    assert done.returncode == 0, out[-4000:]
+    env["PYTHONFAULTHANDLER"] = "1"  # on a hang, SIGABRT makes every process print its threads' stacks
+    proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        stdout, stderr = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        # A hang (a run takes seconds): show where each process of the job waits, then fail with it.
+        tree = descendants(proc.pid)
+        for pid in tree:
+            _signal(pid, signal.SIGABRT)
+        time.sleep(3)
+        for pid in [proc.pid, *tree]:
+            _signal(pid, signal.SIGKILL)
+        stdout, stderr = proc.communicate()
+        pytest.fail(f"{script} {' '.join(args)} did not end within {timeout:g} s; the stacks of its processes "
+                    f"(faulthandler):\n{(stdout + stderr)[-12000:]}")
+    out = stdout + stderr
+    assert proc.returncode == 0, out[-4000:]
     return out
+
+
+def descendants(pid: int) -> list[int]:
+    """The pids of every process below ``pid`` (from /proc; empty where there is none)."""
+    children: dict[int, list[int]] = collections.defaultdict(list)
+    for entry in glob.glob("/proc/[0-9]*/stat"):
+        try:
+            with open(entry) as f:
+                fields = f.read().rpartition(")")[2].split()
+        except OSError:
+            continue
+        children[int(fields[1])].append(int(entry.split("/")[2]))
+    found, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
+def _signal(pid: int, sig: int) -> None:
+    with contextlib.suppress(OSError):  # gone already
+        os.kill(pid, sig)
 
 
 def epochs_per_rank(out: str) -> dict[int, dict[int, int]]:
