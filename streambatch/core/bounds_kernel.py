@@ -10,13 +10,15 @@ _I64_MAX = np.int64(np.iinfo(np.int64).max)  # a typed global (np.iinfo in a ker
 
 
 @njit(cache=True, no_cfunc_wrapper=True)
-def fill_count(values, counts, budget, cap, ca, cb, max_cost):
+def fill_count(values, counts, budget, cap, ca, cb, max_cost, table):
     """Batches of the fill (``core/bounds.py``'s docstring) of a length histogram.
 
     values: (k,) int64 distinct lengths, descending; counts: (k,) int64 >= 1
     samples of each. budget, cap, max_cost >= 1 (int64 max: no cost cap);
     (ca, cb): ``CostModel.coefficients``, a batch costs ``B * L * (ca * L + cb)``
-    (scaled). A batch started at a longer length may take the next shorter
+    (scaled). table: (> values[0],) int64 a limit curve's largest batch per
+    length, non-increasing (``BatchConstraint.size_table``), or (0,): none.
+    A batch started at a longer length may take the next shorter
     samples into its room: its longest, and so its capacity, is its first.
     Returns the count (int64)."""
     batches = np.int64(0)
@@ -37,6 +39,8 @@ def fill_count(values, counts, budget, cap, ca, cb, max_cost):
             if per > 0 and max_cost < _I64_MAX:
                 by_cost = max_cost // per
                 k = by_cost if by_cost < k else k
+        if table.shape[0] > 0 and table[v] < k:
+            k = table[v]
         k = k if k > 1 else np.int64(1)
         full = c // k
         batches += full

@@ -12,6 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from streambatch import CostModel, make_plan
+from streambatch.core.constraint import NO_TABLE
 from streambatch.epoch.elastic import plan_segments, step_samples
 from streambatch.planners import UnknownOptionError
 from streambatch.planners.bucketed.packed import rotate_ranks
@@ -109,8 +110,9 @@ def test_kernel_matches_naive_twin(lengths, w, tokens, cap, coef, max_cost, widt
     table = np.empty(table_size(int(lengths.max()), n), dtype=np.int32)
     out = np.full(n + w, -1, dtype=np.int64)
     scratch = np.empty(n, dtype=np.int64)
-    counts, k, complete = pack_plan(lengths, edges, table, np.uint64(7), False, w, tokens, cap, *coef, cap_cost,
-                                    spread, np.empty(n, dtype=np.int64), np.empty(n, dtype=np.int64), out, scratch)
+    counts, k, complete = pack_plan(lengths, edges, table, np.uint64(7), False, w, tokens, cap, NO_TABLE, *coef,
+                                    cap_cost, spread, np.empty(n, dtype=np.int64), np.empty(n, dtype=np.int64), out,
+                                    scratch)
     want, want_counts, want_complete = naive_pack(lengths.tolist(), edges.tolist(), w, tokens, cap, *coef, cap_cost,
                                                   spread)
     assert counts[: k * w].reshape(k, w).tolist() == want_counts

@@ -7,7 +7,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from streambatch.core.constraint import BatchLimits
+from streambatch.core.constraint import NO_TABLE, BatchLimits
 from streambatch.core.cost import CostModel
 from streambatch.planners.shard_affine.walk import _fits, affine_steps, packed_affine_steps
 from tests.support.helpers import examples
@@ -50,7 +50,7 @@ def test_walk_matches_naive_twin(w, pool, tokens, cap, rnd, target_rank):
     segs = [sorted(rnd.choice(pool) for _ in range(n)) for n in sizes]
     slen = np.array([x for s in segs for x in s], dtype=np.int64)
     starts = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
-    counts, k, pos = affine_steps(slen, starts, tokens, cap, 1, 0, np.iinfo(np.int64).max, target_rank)
+    counts, k, pos = affine_steps(slen, starts, tokens, cap, 1, 0, np.iinfo(np.int64).max, target_rank, NO_TABLE)
     want, want_pos = naive_walk(slen.tolist(), starts.tolist(), tokens, cap, target_rank)
     assert counts[:k].tolist() == want
     assert pos.tolist() == want_pos
@@ -97,7 +97,7 @@ def test_packed_walk_matches_naive_twin(w, pool, tokens, cap, max_cost, rnd, tar
     segs = [sorted(rnd.choice(pool) for _ in range(n)) for n in sizes]
     slen = np.array([x for s in segs for x in s], dtype=np.int64)
     starts = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
-    counts, k, pos = packed_affine_steps(slen, starts, tokens, cap, 1, 0, max_cost, target_rank)
+    counts, k, pos = packed_affine_steps(slen, starts, tokens, cap, 1, 0, max_cost, target_rank, NO_TABLE)
     want, want_pos = naive_packed_walk(slen.tolist(), starts.tolist(), tokens, cap, max_cost, target_rank)
     assert counts[:k].tolist() == want
     assert pos.tolist() == want_pos
@@ -117,7 +117,7 @@ def test_walk_cost_is_the_cost_model(model, count, longest, tokens, size, max_co
     answer as ``CostModel.scaled`` and ``BatchConstraint.fits`` (the one rule every planner asks)."""
     ca, cb = model.coefficients
     want = count <= size and count * longest <= tokens and int(model.scaled(count, longest)) <= max_cost
-    assert bool(_fits(count, longest, tokens, size, max_cost, ca, cb)) == want
+    assert bool(_fits(count, longest, tokens, size, max_cost, ca, cb, NO_TABLE)) == want
     if count > 1:  # (a lone sample always fits the constraint: a batch of its own)
         limits = BatchLimits(tokens, size, model)
         constraint = limits.bind(np.full(count, longest, dtype=np.int64), 1)
