@@ -63,8 +63,10 @@ as a batch of its own. Steps follow from it as above (still bounds). With a
 limit curve a packed batch whose longest is ``M`` holds at most ``C(M) =
 min(budget, table[M] * M)`` tokens (``core/constraint.py``), so a sample of
 length ``l`` lies in a batch of at most ``C*(l) = max_{M >= l} C(M)``
-tokens, and every batch has ``sum l_i / C*(l_i) <= 1``: ``ceil(sum l /
-C*(l))`` batches at least (``_curve_bound``).
+tokens. ``C*`` does not increase with length, so the argument for padded
+batches carries over to samples cut into divisible tokens: the longest-first
+fill, each batch taking ``C*`` of its first sample's length in tokens, has
+the fewest batches of that relaxation, a lower bound (``_curve_bound``).
 """
 
 from __future__ import annotations
@@ -238,15 +240,29 @@ def _packed_from_counts(values: np.ndarray, counts: np.ndarray, budget: int, cap
 
 
 def _curve_bound(values: np.ndarray, counts: np.ndarray, budget: int, table: np.ndarray) -> int:
-    """``ceil(sum l / C*(l))`` (module docstring) over values (k,) int64 in
-    [0, budget] with counts (k,); table: (> values.max(),) int64 sizes."""
+    """The fractional longest-first fill under ``C*`` (module docstring): values
+    (k,) int64 in [0, budget], descending, with counts (k,); table: (>
+    values.max(),) int64 sizes per length. ``C*`` does not increase with
+    length, so (as for padded batches) the fill, here of divisible samples,
+    has the fewest batches of the relaxation, and no plan of whole samples
+    has fewer."""
     L = np.arange(table.shape[0], dtype=np.int64)
-    room = np.minimum(budget, table * L).astype(np.float64)
-    best = np.maximum.accumulate(room[::-1])[::-1]  # C*(l): the most any batch holding a sample of l may
-    keep = values > 0
-    share = values[keep] / np.maximum(best[values[keep]], 1.0)
-    # rounded down a little, so that float error cannot lift the bound above the truth
-    return int(np.ceil(float((share * counts[keep]).sum()) * (1 - 1e-12) - 1e-9))
+    room_of = np.minimum(budget, table * L).astype(np.float64)
+    best = np.maximum.accumulate(room_of[::-1])[::-1]  # C*(l): the most any batch holding a sample of l may
+    batches = 0
+    room = 0.0  # tokens the open batch (started at a longer length) may still take
+    for v, c in zip(values.tolist(), counts.tolist()):
+        tokens = float(v) * c
+        take = min(room, tokens)
+        room -= take
+        tokens -= take
+        if tokens > 0:
+            cap = max(float(best[v]), 1.0)
+            # rounded down a little, so that float error cannot lift the bound above the truth
+            opened = int(np.ceil(tokens / cap * (1 - 1e-12) - 1e-9))
+            batches += opened
+            room = opened * cap - tokens if opened * cap > tokens else 0.0
+    return batches
 
 
 def _host_bound(values: np.ndarray, counts: np.ndarray, budget: int, cap: int) -> int:

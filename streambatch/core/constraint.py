@@ -164,13 +164,13 @@ class BatchConstraint:
     @property
     def token_table(self) -> np.ndarray:
         """(max_len + 1,) int64 the most tokens a packed batch whose longest is L
-        may hold: ``min(max_tokens, size_table[L] * L)`` (at least L), or (0,)."""
+        may hold: ``min(max_tokens, size_table[L] * L)``, or (0,)."""
         if not self.curved:
             return NO_TABLE
         got = self.__dict__.get("_token_table")
         if got is None:
             L = np.arange(self.size_table.shape[0], dtype=np.int64)
-            got = np.maximum(np.minimum(self.max_tokens, self.size_table * L), L)
+            got = np.minimum(self.max_tokens, self.size_table * L)
             object.__setattr__(self, "_token_table", got)
         return got
 

@@ -150,7 +150,8 @@ def cap_binds(histogram: tuple[np.ndarray, np.ndarray], tokens: int, cap: int, w
 
 def _pack(lengths: np.ndarray, edges: np.ndarray, key: np.uint64, shuffle: bool, w: int, tokens: int, cap: int,
           ttab: np.ndarray, ca: int, cb: int, max_cost: int, spread: bool, dtype: type, len_dtype: type,
-          pack_plan: Callable[..., Any], table_size: Callable[[int, int], int]) -> tuple[np.ndarray, np.ndarray, int, bool]:
+          pack_plan: Callable[..., Any], table_size: Callable[[int, int], int]
+          ) -> tuple[np.ndarray, np.ndarray, int, bool]:
     """``kernels.pack_plan`` with its scratch arrays: (out (N + W,), counts, steps, complete)."""
     n = lengths.shape[0]
     table = np.empty(table_size(int(lengths.max()), n), dtype=np.int32)
