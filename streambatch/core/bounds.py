@@ -249,20 +249,13 @@ def _curve_bound(values: np.ndarray, counts: np.ndarray, budget: int, table: np.
     L = np.arange(table.shape[0], dtype=np.int64)
     room_of = np.minimum(budget, table * L).astype(np.float64)
     best = np.maximum.accumulate(room_of[::-1])[::-1]  # C*(l): the most any batch holding a sample of l may
-    batches = 0
-    room = 0.0  # tokens the open batch (started at a longer length) may still take
-    for v, c in zip(values.tolist(), counts.tolist()):
-        tokens = float(v) * c
-        take = min(room, tokens)
-        room -= take
-        tokens -= take
-        if tokens > 0:
-            cap = max(float(best[v]), 1.0)
-            # rounded down a little, so that float error cannot lift the bound above the truth
-            opened = int(np.ceil(tokens / cap * (1 - 1e-12) - 1e-9))
-            batches += opened
-            room = opened * cap - tokens if opened * cap > tokens else 0.0
-    return batches
+    from .bounds_kernel import token_fill_count  # lazy for start-up: no numba before the first plan
+
+    keep = values > 0  # zero-length samples take no room
+    if not keep.any():
+        return 0
+    return int(token_fill_count(np.ascontiguousarray(values[keep]), np.ascontiguousarray(counts[keep]),
+                                np.maximum(best, 1.0)))
 
 
 def _host_bound(values: np.ndarray, counts: np.ndarray, budget: int, cap: int) -> int:

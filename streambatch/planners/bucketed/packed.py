@@ -111,7 +111,10 @@ def plan_packed(lengths: np.ndarray, constraint: BatchConstraint, world_size: in
     ttab = constraint.token_table
     out, counts, k, complete = _pack(lengths, e, key, shuffle, w, tokens, cap, ttab, ca, cb, max_cost, spread, dtype,
                                      len_dtype, pack_plan, table_size)
-    if limit is not None and k > limit:
+    # Under a limit curve the bins close by the curve (a count of samples at their longest length), where the size
+    # cap's sharing out matters little, and the packed bound is looser (``core/bounds.py``): the other way is not
+    # tried (measured, bench/planning.py --limit: 504 steps, the other way 505, at twice the planning time).
+    if limit is not None and k > limit and not constraint.curved:
         other = _pack(lengths, e, key, shuffle, w, tokens, cap, ttab, ca, cb, max_cost, not spread, dtype, len_dtype,
                       pack_plan, table_size)
         if other[2] < k:
