@@ -254,6 +254,9 @@ def _curve_bound(values: np.ndarray, counts: np.ndarray, budget: int, table: np.
     keep = values > 0  # zero-length samples take no room
     if not keep.any():
         return 0
+    # compiled once per node (or loaded) on a tiny input of the same argument types: core/compile_once.py
+    one = np.ones(1, dtype=np.int64)
+    once.compile_once("bounds_curve", (), lambda: token_fill_count(one, one, np.ones(2)))
     return int(token_fill_count(np.ascontiguousarray(values[keep]), np.ascontiguousarray(counts[keep]),
                                 np.maximum(best, 1.0)))
 
