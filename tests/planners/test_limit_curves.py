@@ -8,6 +8,8 @@ against naive twins; what ``limit`` accepts, and what refuses it.
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -285,3 +287,22 @@ def test_streaming_plans_within_the_curve(make_corpus, read_mode, pack):
 
 
 from streambatch.streaming import StreamingBatches  # noqa: E402  (after the planner tests: a heavier import)
+
+
+def test_the_plan_command_plans_under_a_limit_file(tmp_path, capsys):
+    from streambatch.cli.main import main
+
+    lengths = np.random.default_rng(1).integers(10, 400, size=600)
+    np.save(tmp_path / "lengths.npy", lengths)
+    curve = LimitCurve.from_table([100, 250, 400], [30, 8, 2])
+    curve.save(tmp_path / "limits.json")
+    args = ["plan", str(tmp_path / "lengths.npy"), "-t", "8000", "--planner", "bucketed", "--json"]
+    main(args)
+    bare = json.loads(capsys.readouterr().out)
+    main(args + ["--limit", str(tmp_path / "limits.json")])
+    out = json.loads(capsys.readouterr().out)
+    assert bare["limit_curve"] is None
+    assert out["limit_curve"] == {"source": "table", "digest": curve.digest(), "batches_over": 0}
+    assert out["fewest_steps"] > bare["fewest_steps"]
+    assert main(["plan", str(tmp_path / "lengths.npy"), "-t", "8000", "--limit", str(tmp_path / "limits.json")])
+    assert "planner='bucketed'" in capsys.readouterr().err
