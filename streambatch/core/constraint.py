@@ -36,6 +36,7 @@ the longest-first fill the fewest batches (``core/bounds.py``).
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -111,6 +112,8 @@ class BatchLimits:
         tokens = clamp_budget(self.max_batch_tokens, size, max_len)
         self.cost.check_range(max_len, tokens, size, world_size)
         table = NO_TABLE if self.limit is None else self.limit.size_table(max_len, size)
+        if self.limit is not None and max_len > self.limit.max_length:
+            over_curve_warning(self.limit)
         return BatchConstraint(self, world_size, max_len, tokens, size, step_cap, table)
 
     def fewest_steps(self, lengths: np.ndarray, world_size: int, drop_last: bool) -> int:
@@ -129,6 +132,15 @@ class BatchLimits:
         """The most steps a plan whose fewest possible is ``fewest`` may take
         by the planner's bound (``step_limit``; None: unbounded)."""
         return None if self.step_slack is None else step_limit(fewest, self.step_slack)
+
+
+def over_curve_warning(limit: Any) -> None:
+    """Warn (once per curve, Python's warning registry) that samples are longer than the limit curve reaches."""
+    warnings.warn(f"samples are longer than the limit curve ({limit.source}) reaches ({limit.max_length} length "
+                  f"units): each is planned as a batch of its own, which the curve says does not fit. Is the curve "
+                  f"in the lengths' units (a bucket profile in seconds: LimitCurve.from_profile(path, "
+                  f"frames_per_second=...))? Leave such samples out with max_length={limit.max_length}, or "
+                  f"calibrate up to the longest length", UserWarning, stacklevel=3)
 
 
 NO_TABLE = np.zeros(0, dtype=np.int64)  # no curve: what kernels take for ``size_table`` (their branch to skip it)

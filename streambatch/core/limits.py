@@ -177,7 +177,10 @@ class LimitCurve:
             # running minimum (recorded, so the caller can see it)
             self.meta["made_non_increasing"] = True
             mb = np.minimum.accumulate(mb)
-        object.__setattr__(self, "upper", up.astype(np.int64))
+        up = up.astype(np.int64)
+        mb = mb.copy()
+        up.flags.writeable = mb.flags.writeable = False  # hashed and fingerprinted by value: fixed once built
+        object.__setattr__(self, "upper", up)
         object.__setattr__(self, "max_batch", mb)
 
     # ------------------------------------------------------------ building
@@ -317,7 +320,10 @@ class LimitCurve:
         return (isinstance(other, LimitCurve) and np.array_equal(self.upper, other.upper)
                 and np.array_equal(self.max_batch, other.max_batch) and self.source == other.source)
 
-    __hash__ = None  # type: ignore[assignment]  # arrays inside: equal by value, not hashable
+    def __hash__(self) -> int:
+        # by value, as ``__eq__``: a curve is an option of a PlanConfig, which is hashable (its arrays are
+        # read-only)
+        return hash((self.digest(), self.source))
 
     def __repr__(self) -> str:
         pts = ", ".join(f"<={u}: {b}" for u, b in zip(self.upper[:4].tolist(), self.max_batch[:4].tolist()))

@@ -9,6 +9,7 @@ against naive twins; what ``limit`` accepts, and what refuses it.
 from __future__ import annotations
 
 import json
+import warnings
 
 import numpy as np
 import pytest
@@ -53,6 +54,7 @@ def test_the_planners_that_take_a_curve():
     assert all("limit" in PLANNERS[n].option_names() or n == "greedy" for n in PLANNERS)
 
 
+@pytest.mark.filterwarnings("ignore:samples are longer than the limit curve")
 @pytest.mark.parametrize("name, options", CURVED, ids=IDS)
 @settings(max_examples=examples(120), deadline=None)
 @given(lengths=st.lists(st.integers(0, 400), max_size=300).map(lambda x: np.array(x, dtype=np.int64)),
@@ -183,6 +185,7 @@ def test_the_fill_sizes_kernel_with_a_curve_is_its_naive_twin(lengths, tokens, s
     assert fill_sizes(slen, tokens, size, NO_TABLE, 1, 0, np.iinfo(np.int64).max).shape[0] <= len(got)
 
 
+@pytest.mark.filterwarnings("ignore:samples are longer than the limit curve")
 @settings(max_examples=examples(150), deadline=None)
 @given(lengths=st.lists(st.integers(0, 60), min_size=1, max_size=40), tokens=st.integers(1, 800),
        size=st.integers(1, 30), curve=curves(60))
@@ -219,6 +222,17 @@ def test_limit_takes_a_curve_a_model_a_file_a_profile_and_a_table(tmp_path):
     (tmp_path / "junk.json").write_text("{}")
     with pytest.raises(ValueError, match="neither a limit curve"):
         resolve_limit(tmp_path / "junk.json")
+
+
+def test_samples_beyond_the_curve_warn_naming_units_and_the_fix():
+    """A profile in seconds read as frames would plan every sample alone: loud."""
+    curve = LimitCurve.from_table([3, 6], [8, 2])  # e.g. seconds, while the lengths are frames
+    with pytest.warns(UserWarning, match="frames_per_second.*max_length=6"):
+        p = make_plan(np.arange(100, 200), 10_000, 64, planner="bucketed", limit=curve)
+    assert (np.diff(p.offsets) == 1).all()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        make_plan(np.arange(1, 7), 10_000, 64, planner="bucketed", limit=curve)  # within it: silent
 
 
 def test_the_greedy_planner_refuses_a_curve_naming_the_fix():
