@@ -199,6 +199,34 @@ def test_the_packed_bound_with_a_curve_is_below_every_packing_found(lengths, tok
         assert b <= p.num_steps
 
 
+@settings(max_examples=examples(200), deadline=None)
+@given(lengths=st.lists(st.integers(0, 60), min_size=1, max_size=200), tokens=st.integers(1, 800),
+       size=st.integers(1, 30), curve=curves(60))
+def test_the_packed_curve_bound_kernel_is_its_naive_twin(lengths, tokens, size, curve):
+    """``token_fill_count`` (the fractional fill of ``core/bounds.py``'s packed curve bound) against the same fill
+    in exact fractions: longest first, each batch ``C*`` of its first sample's length in tokens, samples divisible."""
+    from fractions import Fraction
+
+    from streambatch.core.bounds import _curve_bound
+
+    arr = np.array(lengths, dtype=np.int64)
+    lmax = int(arr.max())
+    table = curve.size_table(lmax, size)
+    room_of = [min(tokens, int(table[L]) * L) for L in range(lmax + 1)]
+    best = [max(max(room_of[L:]), 1) for L in range(lmax + 1)]  # C*(l)
+    batches, room = 0, Fraction(0)
+    for v in sorted({x for x in lengths if x > 0}, reverse=True):
+        need = Fraction(v * lengths.count(v))
+        take = min(room, need)
+        room, need = room - take, need - take
+        if need > 0:
+            opened = -(-need // best[v])
+            batches += int(opened)
+            room = opened * best[v] - need
+    values, counts = np.unique(arr, return_counts=True)
+    assert _curve_bound(values[::-1].copy(), counts[::-1].copy(), tokens, table) == batches
+
+
 # ------------------------------------------------------------ what limit accepts
 
 
