@@ -328,6 +328,26 @@ def test_streaming_plans_within_the_curve(make_corpus, read_mode, pack):
     assert set(seen) == set(corpus.expected)
 
 
+
+def test_streaming_resumes_only_under_the_same_curve(make_corpus):
+    corpus = make_corpus([40, 40], seed=4)
+    longest = max(corpus.expected.values())
+
+    def make(top):
+        curve = LimitCurve.from_table([longest // 2, longest], [8, top])
+        return StreamingBatches(corpus.brace, 40 * longest, 16, window_samples=30, rank=0, world_size=1,
+                                limit=curve)
+
+    ds = make(3)
+    it = iter(ds)
+    first = [x["__key__"] for x in next(it)]
+    state = ds.state_dict()
+    with pytest.raises(ValueError, match="other shards, sidecars or settings"):
+        make(2).load_state_dict(state)
+    same, ref = make(3), [[x["__key__"] for x in b] for b in make(3)]
+    same.load_state_dict(state)
+    assert [first] + [[x["__key__"] for x in b] for b in same] == ref
+
 from streambatch.streaming import StreamingBatches  # noqa: E402  (after the planner tests: a heavier import)
 
 
