@@ -24,9 +24,10 @@ What runs, in order (each phase records its error and the suite goes on; ``--max
    the in-process peak resident memory (weaker); the largest batch is searched at 3 lengths.
 3. Plans (``--world-size`` ranks): budget (a) = the curve's batch at the corpus's median length x that
    length ("tuned on typical clips"); (b) = the largest token budget whose padded batches all lie under
-   the curve (``LimitCurve.budget_within``). (b) is EMULATED by that budget until the planner kernels take
-   the curve as a lookup (see ``HOOK`` below). Planners: bucketed, greedy (the seed's), lhotse (when
-   importable), bucketed packed (budget (a) in real tokens).
+   the curve (``LimitCurve.budget_within``), for the planners that cannot take a curve (greedy, the seed's;
+   lhotse), while streambatch's bucketed planner, padded and packed, plans (b) under the curve itself (the
+   ``limit`` option, the budget not binding). Planners: bucketed, greedy (the seed's), lhotse (when
+   importable), bucketed packed ((a): budget (a) in real tokens; (b): the curve).
 4. Per plan: batches over the curve in the whole epoch (under the model); ``run_preflight`` of its worst
    batches (padded plans); ``--steps`` drawn steps of rank 0 plus its costliest and longest batch, each
    timed and its peak measured, out-of-memory counted; the epoch estimate: mean drawn step x steps, and
@@ -277,29 +278,38 @@ def shapes_of_ranks(per_rank: list[list[np.ndarray]], frames: np.ndarray) -> Bat
 
 
 def plan_configs(frames: np.ndarray, fps: float, w: int, budget_a: int, budget_b: int, seed: int,
-                 flex: bool) -> list[dict]:
-    """Every plan of the suite: name, kind (padded / packed), per-rank batch lists."""
+                 flex: bool, curve: LimitCurve | None = None) -> list[dict]:
+    """Every plan of the suite: name, kind (padded / packed), per-rank batch lists. (b): streambatch's
+    planners take the curve itself (the ``limit`` option: a hard limit per padded length, the token budget
+    not binding); the seed's greedy planner and lhotse cannot, and plan under the largest token budget
+    within the curve (``LimitCurve.budget_within``, rows marked *)."""
     def ours(budget, planner, **opt):
         plan = make_plan(frames, budget, CAP, w, seed=seed, planner=planner, **opt)
         return [[plan.batch(s, r) for s in range(plan.num_steps)] for r in range(w)]
 
+    unbound = CAP * int(frames.max()) + 1  # a budget that never binds: the curve alone limits (b)
     out = []
-    for label, budget in (("(a) budget", budget_a), ("(b) curve*", budget_b)):
-        # HOOK (issue 34, phase 2): when the planner kernels take the limit curve (through the batch rule,
-        # core/constraint.py: the curve in BatchLimits, its table in BatchConstraint), plan (b) with the
-        # curve itself, e.g. make_plan(frames, ..., limits=curve), instead of the emulating budget: rows
-        # marked * are the curve emulated by LimitCurve.budget_within.
-        out.append({"name": f"bucketed {label}", "kind": "padded", "budget": budget,
-                    "batches": lambda b=budget: ours(b, "bucketed")})
-        out.append({"name": f"greedy (seed) {label}", "kind": "padded", "budget": budget,
+    for label, budget in (("(a) budget", budget_a), ("(b) curve", budget_b)):
+        if label.startswith("(a)") or curve is None:
+            out.append({"name": f"bucketed {label}{'*' if curve is None and budget == budget_b else ''}",
+                        "kind": "padded", "budget": budget, "batches": lambda b=budget: ours(b, "bucketed")})
+        else:
+            out.append({"name": f"bucketed {label}", "kind": "padded", "budget": None,
+                        "batches": lambda: ours(unbound, "bucketed", limit=curve)})
+        star = "" if label.startswith("(a)") else " budget within curve*"
+        out.append({"name": f"greedy (seed) {label[:3]}{star or label[3:]}", "kind": "padded", "budget": budget,
                     "batches": lambda b=budget: ours(b, "greedy")})
-        out.append({"name": f"lhotse DynamicBucketing {label}", "kind": "padded", "budget": budget,
-                    "batches": lambda b=budget: lhotse_batches(frames, fps, w, b, seed)})
-    out.append({"name": "bucketed packed, SDPA groups (a)", "kind": "packed", "how": "sdpa", "budget": budget_a,
-                "batches": lambda: ours(budget_a, "bucketed", pack=True)})
-    if flex:
-        out.append({"name": "bucketed packed, flex attention (a)", "kind": "packed", "how": "flex",
-                    "budget": budget_a, "batches": lambda: ours(budget_a, "bucketed", pack=True)})
+        out.append({"name": f"lhotse DynamicBucketing {label[:3]}{star or label[3:]}", "kind": "padded",
+                    "budget": budget, "batches": lambda b=budget: lhotse_batches(frames, fps, w, b, seed)})
+    packed = [("(a)", budget_a, {})]
+    if curve is not None:
+        packed.append(("(b) curve", unbound, {"limit": curve}))
+    for label, budget, opt in packed:
+        out.append({"name": f"bucketed packed, SDPA groups {label}", "kind": "packed", "how": "sdpa",
+                    "budget": budget, "batches": lambda b=budget, o=opt: ours(b, "bucketed", pack=True, **o)})
+        if flex:
+            out.append({"name": f"bucketed packed, flex attention {label}", "kind": "packed", "how": "flex",
+                        "budget": budget, "batches": lambda b=budget, o=opt: ours(b, "bucketed", pack=True, **o)})
     return out
 
 
@@ -406,7 +416,7 @@ def run(args: argparse.Namespace, result: dict) -> None:
         budget_a = int(curve.max_batch_size(median)) * median
         result["corpora"][name].update(budget_a=budget_a, budget_b=budget_b, budget_b_binding_length=binding)
         print(f"{name}: budgets a={budget_a} b={budget_b}", flush=True)
-        for cfg in plan_configs(frames, args.fps, args.world_size, budget_a, budget_b, args.seed, flex):
+        for cfg in plan_configs(frames, args.fps, args.world_size, budget_a, budget_b, args.seed, flex, curve):
             if time.perf_counter() > deadline:
                 result["plans"].append({"corpus": name, "name": cfg["name"], "skipped": "time"})
                 continue
@@ -554,8 +564,10 @@ def markdown(res: dict) -> str:
                          f"{r['oom']} of {r['drawn_steps']} | {r['peak_gib']:.2f} | {f(r['mean_step_s'], '.3f')} | "
                          f"{f(r['epoch_estimate_s'], '.1f')} | {f(r.get('cost_model_epoch_s'), '.1f')} |")
         lines.append("")
-    lines += ["(b) rows marked * plan under the token budget derived from the limit curve "
-              "(`LimitCurve.budget_within`), which emulates the curve until the planner kernels take it. "
+    lines += ["(b) rows of streambatch's planners plan under the limit curve itself (the `limit` option: the "
+              "largest batch per padded length, a hard limit; the token budget does not bind); rows marked * "
+              "(the seed's greedy planner, lhotse) cannot take a curve and plan under the largest token budget "
+              "within it (`LimitCurve.budget_within`). "
               "Drawn steps: rank 0's costliest and longest batch and randomly drawn ones; epoch estimate: the mean "
               "of the random ones x steps; cost-model epoch: the fitted time model's slowest rank per step, scaled "
               "by measured / predicted on the drawn steps."]

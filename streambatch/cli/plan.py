@@ -157,6 +157,13 @@ def run_plan(args: argparse.Namespace) -> int:
     else:
         lengths, source, fps = load_inputs(args.inputs, args.field, args.frames_per_second, args.index_dir,
                                            args.format)
+    curve = None
+    if args.limit is not None:
+        if "limit" in options:
+            raise ValueError("give the limit curve once: --limit FILE or -o limit=FILE")
+        curve = load_limit(args.limit, fps)
+        options["limit"] = curve
+        config = config.replace(planner_options=options)
     limit = resolve_max_length(args.max_length, fps)
     over = too_long(lengths, *check_max_length(limit, args.long_samples))
     # A mix plans the epoch's draw (its indices address all sources' lengths): long samples are left out of
@@ -204,6 +211,7 @@ def run_plan(args: argparse.Namespace) -> int:
         other = time_report(plan_batches(within, held, packed), held, step_model, args.max_batch_tokens)
         above = {"steps_within_bound": within.num_steps, "epoch_seconds_within_bound": other["epoch_seconds"],
                  "seconds_saved": other["epoch_seconds"] - timing["epoch_seconds"]}
+    checked = None if curve is None else curve.check(plan, lengths, packed=packed)
     if args.json:
         out = {"samples": int(held.size), "source": source, "planner": args.planner,
                "max_batch_tokens": args.max_batch_tokens, "max_batch_size": args.max_batch_size,
@@ -214,7 +222,9 @@ def run_plan(args: argparse.Namespace) -> int:
                "time": timing, "cost": None if step_model is None else step_model.to_dict(),
                "fewest_steps": fewest, "fewest_exact": plan.fewest_exact,
                "steps_ratio": plan.steps_ratio, "steps_limit": steps_limit,
-               "above_limit": above}
+               "above_limit": above,
+               "limit_curve": None if checked is None else {"source": curve.source, "digest": curve.digest(),
+                                                             "batches_over": int(checked.over.size)}}
         if mix is not None:
             out["samples_per_epoch"] = mix.samples_per_epoch
             out["sources"] = [{"name": n, "samples": size, "quota": quota, "target_share": target,
@@ -253,6 +263,8 @@ def run_plan(args: argparse.Namespace) -> int:
             else:
                 held_to = f"the limit, {1 + 1 / rule.step_slack:.2f} x fewest + 1: {steps_limit:,}"
             print(f"  fewest steps         {fewest:,}   {what} (this one: {plan.steps_ratio:.3f}x; {held_to})")
+        if checked is not None:
+            print(f"  limit curve          {curve.source}: {checked.describe()}")
         if above is not None:
             print(f"  above the limit      the fitted model predicts these {plan.num_steps:,} steps "
                   f"{above['seconds_saved']:.4g} s faster than {above['steps_within_bound']:,} within it "
@@ -274,6 +286,20 @@ def run_plan(args: argparse.Namespace) -> int:
                   title=f"{source}: {args.planner}, budget {args.max_batch_tokens:,}, W={args.world_size}")
         print(f"\nwrote {plot}", file=sys.stderr if args.json else sys.stdout)
     return 0
+
+
+def load_limit(path: str, fps: float | None) -> Any:
+    """The ``--limit`` file as a ``LimitCurve``: a limit curve, a ``calibrate
+    --memory`` file, or a NeMo/lhotse bucket profile (in seconds when the
+    lengths are: with ``--frames-per-second``)."""
+    from ..core.limits import LimitCurve, resolve_limit
+
+    try:
+        return LimitCurve.load(path)
+    except ValueError:
+        if fps is None:
+            return resolve_limit(path)
+        return LimitCurve.from_profile(path, fps)
 
 
 def _step_model(options: dict):
@@ -357,6 +383,9 @@ def add_parser(sub: Any, planners: list[str], seed_exact: str) -> None:
                          "frame rate)")
     pl.add_argument("--long-samples", choices=("drop", "raise"), default="drop",
                     help="with --max-length: drop longer samples (counted) or fail on them")
+    pl.add_argument("--limit", metavar="FILE", help="a hard limit per padded length beside the budget: a limit "
+                    "curve (LimitCurve.save), a `streambatch calibrate --memory` file, or a NeMo/lhotse bucket "
+                    "profile (seconds with --frames-per-second); planners bucketed and shard_affine")
     pl.add_argument("--plot", metavar="FILE.png", help="also write a figure (needs matplotlib)")
     pl.add_argument("--json", action="store_true", help="print the metrics as one JSON object instead")
     pl.set_defaults(run=("plan", "run_plan"))

@@ -32,6 +32,17 @@ So fill's count, ``fewest_batches``, is the minimum. It is computed from a
 histogram of the lengths (``bounds_kernel.fill_count``, O(N + distinct
 lengths)), never by sorting the samples.
 
+**A limit curve** (``limits.LimitCurve``: at most ``table[L]`` samples in a
+batch padded to ``L``) joins ``g``: ``g(i) = max(1, min(cap, budget // l_i,
+the cost cap's count, table[l_i]))``. The proof above needs only that ``g``
+does not decrease along the longest-first order, i.e. that each term does not
+increase with length: the curve is made non-increasing when it is built (the
+running minimum from short to long; a curve that allowed more samples at a
+longer padding than at a shorter one would say a batch fits until a shorter
+sample joins it, and the memory of a batch does not shrink when a sample is
+swapped for a longer one). So fill, with the curve in ``g``, is still the
+fewest padded batches.
+
 **Steps.** Every step holds W non-empty batches, and every sample is in
 exactly one batch (padding only repeats samples in the final step's empty
 slots), so a plan has at least ``ceil(B / W)`` steps; fill, with its batches
@@ -48,17 +59,27 @@ batch can hold (the size cap, or how many of the shortest fit the budget),
 the dual-function bound (``_dual_bound``: at most k samples longer than
 budget / (k + 1) share a batch) and, under a cost cap,
 ``ceil(sum cost / cap)``; a sample that fits beside no other one counts
-as a batch of its own. Steps follow from it as above (still bounds).
+as a batch of its own. Steps follow from it as above (still bounds). With a
+limit curve a packed batch whose longest is ``M`` holds at most ``C(M) =
+min(budget, table[M] * M)`` tokens (``core/constraint.py``), so a sample of
+length ``l`` lies in a batch of at most ``C*(l) = max_{M >= l} C(M)``
+tokens. ``C*`` does not increase with length, so the argument for padded
+batches carries over to samples cut into divisible tokens: the longest-first
+fill, each batch taking ``C*`` of its first sample's length in tokens, has
+the fewest batches of that relaxation, a lower bound (``_curve_bound``).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
 from . import compile_once as once  # called as once.compile_once: tests swap it
 from .cost import INT64_MAX, CostModel
+
+_NO_TABLE = np.zeros(0, dtype=np.int64)
 
 __all__ = ["STEP_SLACK", "LengthCounts", "StepBound", "fewest_batches", "fewest_steps", "length_histogram",
            "step_bound", "step_limit"]
@@ -111,9 +132,10 @@ class LengthCounts:
         return int(self.counts.sum())
 
     def fewest_batches(self, max_batch_tokens: int, max_batch_size: int, pack: bool = False,
-                       cost: CostModel | None = None, max_cost: int = INT64_MAX, more: np.ndarray | None = None
-                       ) -> int:
-        """``fewest_batches`` of the lengths added so far, plus ``more`` ((m,) int64, not added)."""
+                       cost: CostModel | None = None, max_cost: int = INT64_MAX, more: np.ndarray | None = None,
+                       limit: Any = None) -> int:
+        """``fewest_batches`` of the lengths added so far, plus ``more`` ((m,) int64, not added);
+        limit: a ``LimitCurve`` or None."""
         values, counts = self.values, self.counts
         if more is not None and more.shape[0]:
             values, inverse = np.unique(np.concatenate([values, more]), return_inverse=True)
@@ -122,23 +144,26 @@ class LengthCounts:
         if values.shape[0] == 0:
             return 0
         values, counts = values[::-1].copy(), counts[::-1].copy()  # descending, as the bounds take them
+        table = None if limit is None else limit.size_table(int(values[0]), max_batch_size)
         if pack:
             return _packed_from_counts(values, counts, max_batch_tokens, max_batch_size, cost or CostModel.quadratic(),
-                                       max_cost)
-        return _fill_batches(values, counts, max_batch_tokens, max_batch_size, cost or CostModel.quadratic(), max_cost)
+                                       max_cost, table)
+        return _fill_batches(values, counts, max_batch_tokens, max_batch_size, cost or CostModel.quadratic(), max_cost,
+                             table)
 
 
 def _fill_batches(values: np.ndarray, counts: np.ndarray, budget: int, cap: int, cost: CostModel,
-                  max_cost: int) -> int:
-    """The fill's batch count of a histogram: values (k,) int64 descending, counts (k,) int64 >= 1."""
+                  max_cost: int, table: np.ndarray | None = None) -> int:
+    """The fill's batch count of a histogram: values (k,) int64 descending, counts (k,) int64 >= 1;
+    table: (>= values[0] + 1,) int64 the limit curve's sizes per length, or None."""
     from .bounds_kernel import fill_count  # lazy for start-up: no numba before the first plan
 
     # compiled once per node (or loaded) on a tiny input of the same argument types: core/compile_once.py
     one = np.ones(1, dtype=np.int64)
-    once.compile_once("bounds", (), lambda: fill_count(one, one, one[0], one[0], one[0], one[0], one[0]))
+    once.compile_once("bounds", (), lambda: fill_count(one, one, one[0], one[0], one[0], one[0], one[0], _NO_TABLE))
     ca, cb = cost.coefficients
     return int(fill_count(values, counts, np.int64(budget), np.int64(cap), np.int64(ca), np.int64(cb),
-                          np.int64(max_cost)))
+                          np.int64(max_cost), _NO_TABLE if table is None else table))
 
 
 def length_histogram(lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -158,32 +183,29 @@ def _histogram(lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 
 def fewest_batches(lengths: np.ndarray, max_batch_tokens: int, max_batch_size: int, pack: bool = False,
-                   cost: CostModel | None = None, max_cost: int = INT64_MAX) -> int:
+                   cost: CostModel | None = None, max_cost: int = INT64_MAX, table: np.ndarray | None = None) -> int:
     """Fewest batches any valid plan of ``lengths`` can have (see the module
     docstring): exact for padded batches, a lower bound for packed ones.
 
     lengths: (N,) int64 >= 0, checked (``coerce_lengths``); max_batch_tokens,
     max_batch_size >= 1. cost, max_cost: a cost cap on every batch,
     ``cost.scaled(...) <= max_cost`` (``CostModel.cost_cap``; the default:
-    none)."""
+    none). table: (>= max length + 1,) int64 a limit curve's largest batch
+    per padded length (``LimitCurve.size_table``), or None."""
     n = int(lengths.shape[0])
     if n == 0:
         return 0
     cost = cost or CostModel.quadratic()
+    values, counts = _histogram(lengths)
     if pack:
-        return _packed_batches(lengths, max_batch_tokens, max_batch_size, cost, max_cost)
-    values, counts = _histogram(lengths)
-    return _fill_batches(values, counts, max_batch_tokens, max_batch_size, cost, max_cost)
-
-
-def _packed_batches(lengths: np.ndarray, budget: int, cap: int, cost: CostModel, max_cost: int) -> int:
-    values, counts = _histogram(lengths)
-    return _packed_from_counts(values, counts, budget, cap, cost, max_cost)
+        return _packed_from_counts(values, counts, max_batch_tokens, max_batch_size, cost, max_cost, table)
+    return _fill_batches(values, counts, max_batch_tokens, max_batch_size, cost, max_cost, table)
 
 
 def _packed_from_counts(values: np.ndarray, counts: np.ndarray, budget: int, cap: int, cost: CostModel,
-                        max_cost: int) -> int:
-    """``_packed_batches`` of a histogram: values (k,) int64 distinct lengths, counts (k,) int64 >= 1."""
+                        max_cost: int, table: np.ndarray | None = None) -> int:
+    """The packed lower bound of a histogram: values (k,) int64 distinct lengths, descending, counts (k,)
+    int64 >= 1; table: the limit curve's sizes per length (or None)."""
     per = cost.packed_scaled(values)
     lone = (values > budget) | (per > max_cost)
     n_lone = int(counts[lone].sum())
@@ -212,7 +234,31 @@ def _packed_from_counts(values: np.ndarray, counts: np.ndarray, budget: int, cap
         # float sum (scaled costs of many samples may pass int64), rounded down: a bound only needs to be one
         total = float((per.astype(np.float64) * counts).sum())
         bound = max(bound, int(np.ceil(total / max_cost * (1 - 1e-12) - 1e-9)))
+    if table is not None and table.shape[0]:
+        bound = max(bound, _curve_bound(values, counts, budget, table))
     return n_lone + bound
+
+
+def _curve_bound(values: np.ndarray, counts: np.ndarray, budget: int, table: np.ndarray) -> int:
+    """The fractional longest-first fill under ``C*`` (module docstring): values
+    (k,) int64 in [0, budget], descending, with counts (k,); table: (>
+    values.max(),) int64 sizes per length. ``C*`` does not increase with
+    length, so (as for padded batches) the fill, here of divisible samples,
+    has the fewest batches of the relaxation, and no plan of whole samples
+    has fewer."""
+    L = np.arange(table.shape[0], dtype=np.int64)
+    room_of = np.minimum(budget, table * L).astype(np.float64)
+    best = np.maximum.accumulate(room_of[::-1])[::-1]  # C*(l): the most any batch holding a sample of l may
+    from .bounds_kernel import token_fill_count  # lazy for start-up: no numba before the first plan
+
+    keep = values > 0  # zero-length samples take no room
+    if not keep.any():
+        return 0
+    # compiled once per node (or loaded) on a tiny input of the same argument types: core/compile_once.py
+    one = np.ones(1, dtype=np.int64)
+    once.compile_once("bounds_curve", (), lambda: token_fill_count(one, one, np.ones(2)))
+    return int(token_fill_count(np.ascontiguousarray(values[keep]), np.ascontiguousarray(counts[keep]),
+                                np.maximum(best, 1.0)))
 
 
 def _host_bound(values: np.ndarray, counts: np.ndarray, budget: int, cap: int) -> int:
@@ -275,13 +321,16 @@ def step_limit(fewest: int, slack_div: int = STEP_SLACK_DIV) -> int:
 
 def step_bound(lengths: np.ndarray, max_batch_tokens: int, max_batch_size: int, world_size: int,
                drop_last: bool = False, pack: bool = False, cost: CostModel | None = None,
-               max_cost: int = INT64_MAX, histogram: tuple[np.ndarray, np.ndarray] | None = None) -> StepBound:
+               max_cost: int = INT64_MAX, histogram: tuple[np.ndarray, np.ndarray] | None = None,
+               table: np.ndarray | None = None) -> StepBound:
     """The ``StepBound`` of these settings (arguments as ``fewest_batches``;
     ``histogram``: ``length_histogram(lengths)`` if the caller has it)."""
     if histogram is None or lengths.shape[0] == 0:
-        b = fewest_batches(lengths, max_batch_tokens, max_batch_size, pack, cost, max_cost)
+        b = fewest_batches(lengths, max_batch_tokens, max_batch_size, pack, cost, max_cost, table)
     elif pack:
-        b = _packed_from_counts(*histogram, max_batch_tokens, max_batch_size, cost or CostModel.quadratic(), max_cost)
+        b = _packed_from_counts(*histogram, max_batch_tokens, max_batch_size, cost or CostModel.quadratic(), max_cost,
+                                table)
     else:
-        b = _fill_batches(*histogram, max_batch_tokens, max_batch_size, cost or CostModel.quadratic(), max_cost)
+        b = _fill_batches(*histogram, max_batch_tokens, max_batch_size, cost or CostModel.quadratic(), max_cost,
+                          table)
     return StepBound(b, fewest_steps(b, world_size, drop_last), not pack)

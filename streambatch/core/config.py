@@ -20,6 +20,7 @@ import numpy as np
 
 from .constraint import BatchLimits
 from .keywords import misspelled
+from .limits import LimitCurve
 from .plan import config_fingerprint
 from .registry import check_planner, get_planner
 from .state import MAX_EPOCH
@@ -146,9 +147,10 @@ class PlanConfig:
     def key(self) -> tuple:
         """The values the fingerprint hashes. This order (and the options as
         the repr of a sorted list) is the sampler's version-1 scheme, so its
-        old states still load."""
+        old states still load. A limit curve enters as its ``digest`` (its
+        repr shows only a few breakpoints): plans under other curves differ."""
         return (self.max_batch_tokens, self.max_batch_size, self.shuffle, self.drop_last, self.world_size,
-                self.seed, self.planner, repr(list(self.planner_options)))
+                self.seed, self.planner, options_repr(self.planner_options))
 
     def fingerprint(self, data: np.ndarray | str) -> int:
         """The one fingerprint scheme of saved states and cross-rank checks:
@@ -162,5 +164,12 @@ class PlanConfig:
         """The settings as plain values (ints, bools, strings), e.g. for a state
         dict, so a mismatch can be reported setting by setting."""
         out = asdict(self)
-        out["planner_options"] = repr(list(self.planner_options))
+        out["planner_options"] = options_repr(self.planner_options)
         return out
+
+
+def options_repr(options: tuple[tuple[str, Any], ...]) -> str:
+    """The planner options as the fingerprint and states hold them: the repr of
+    the sorted (name, value) list, a limit curve as ``LimitCurve(<digest>)``."""
+    shown = [(k, f"LimitCurve({v.digest()})" if isinstance(v, LimitCurve) else v) for k, v in options]
+    return repr(shown)

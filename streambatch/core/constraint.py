@@ -20,14 +20,25 @@ So a walk of ``cost`` or ``max_batch_tokens`` reads: glue -> ``PlanConfig`` (opt
 
 Where the rule grows: the per-step term is here (``step_share``: a step is assumed to cost that share
 of a full batch of median-length samples on top of its costliest batch, the default objective's
-stand-in for a measured ``c0``; a fitted step model's own ``c0`` lives in its ``CostModel``); a
-per-length batch limit (a length -> largest batch curve, e.g. from a memory model) likewise: the curve
-in ``BatchLimits``, its lookup table up to ``max_len`` in ``BatchConstraint``, and ``fits`` asks it.
+stand-in for a measured ``c0``; a fitted step model's own ``c0`` lives in its ``CostModel``); the
+per-length batch limit (``limit``: a ``LimitCurve``, length -> largest batch, e.g. from a memory
+model) likewise: the curve in ``BatchLimits``, its lookup table up to ``max_len`` in
+``BatchConstraint`` (``size_table``), and ``fits`` asks it.
+
+What the curve means. Padded: a batch of ``n`` samples whose longest is ``L`` fits when ``n <=
+size_table[L]`` (beside the budget, cap and cost cap). Packed: a batch of ``T`` tokens whose longest
+sample is ``L`` is read as ``ceil(T / L)`` samples padded to ``L`` (``limits.BatchShapes``: its memory
+is at most that padded batch's), so it fits when ``T <= size_table[L] * L`` (``token_table``). A lone
+sample is always a batch, as under the budget. The curve is non-increasing in length (``LimitCurve``
+takes the running minimum from short to long: a longer padding never holds more samples), which keeps
+the longest-first fill the fewest batches (``core/bounds.py``).
 """
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -61,6 +72,8 @@ class BatchLimits:
         greedy planner).
     step_share: the default per-step term (``STEP_SHARE``, see
         ``default_step_cost``).
+    limit: the largest batch per padded length (a ``LimitCurve``, the
+        ``limit`` option), or None.
     max_cost: ``max_step_cost`` as the kernels' cap on scaled batch costs
         (``CostModel.cost_cap``; int64 max: none), computed once here.
     """
@@ -74,6 +87,7 @@ class BatchLimits:
     max_steps: int | None = None
     step_slack: int | None = STEP_SLACK_DIV
     step_share: float = STEP_SHARE
+    limit: Any = None  # LimitCurve | None (core/limits.py)
     max_cost: int = field(init=False, default=INT64_MAX)
 
     def __post_init__(self) -> None:
@@ -97,20 +111,39 @@ class BatchLimits:
         size = min(self.max_batch_size, max(n, 1))  # a cap above N never binds
         tokens = clamp_budget(self.max_batch_tokens, size, max_len)
         self.cost.check_range(max_len, tokens, size, world_size)
-        return BatchConstraint(self, world_size, max_len, tokens, size, step_cap)
+        table = NO_TABLE if self.limit is None else self.limit.size_table(max_len, size)
+        if self.limit is not None and max_len > self.limit.max_length:
+            over_curve_warning(self.limit)
+        return BatchConstraint(self, world_size, max_len, tokens, size, step_cap, table)
 
     def fewest_steps(self, lengths: np.ndarray, world_size: int, drop_last: bool) -> int:
         """The fewest steps of ``lengths`` ((n,) int64 >= 0) under the rule as
         set (the budget and cap unclamped: an epoch's accounting over windows,
         ``epoch/step_budget.py``; the plan of one window asks its constraint's
         ``step_bound``)."""
-        b = fewest_batches(lengths, self.max_batch_tokens, self.max_batch_size, self.pack, self.cost, self.max_cost)
+        table = None
+        if self.limit is not None and lengths.shape[0]:
+            table = self.limit.size_table(int(lengths.max()), self.max_batch_size)
+        b = fewest_batches(lengths, self.max_batch_tokens, self.max_batch_size, self.pack, self.cost, self.max_cost,
+                           table)
         return fewest_steps(b, world_size, drop_last)
 
     def limit_of(self, fewest: int) -> int | None:
         """The most steps a plan whose fewest possible is ``fewest`` may take
         by the planner's bound (``step_limit``; None: unbounded)."""
         return None if self.step_slack is None else step_limit(fewest, self.step_slack)
+
+
+def over_curve_warning(limit: Any) -> None:
+    """Warn (once per curve, Python's warning registry) that samples are longer than the limit curve reaches."""
+    warnings.warn(f"samples are longer than the limit curve ({limit.source}) reaches ({limit.max_length} length "
+                  f"units): each is planned as a batch of its own, which the curve says does not fit. Is the curve "
+                  f"in the lengths' units (a bucket profile in seconds: LimitCurve.from_profile(path, "
+                  f"frames_per_second=...))? Leave such samples out with max_length={limit.max_length}, or "
+                  f"calibrate up to the longest length", UserWarning, stacklevel=3)
+
+
+NO_TABLE = np.zeros(0, dtype=np.int64)  # no curve: what kernels take for ``size_table`` (their branch to skip it)
 
 
 @dataclass(frozen=True)
@@ -123,6 +156,8 @@ class BatchConstraint:
     max_size: the size cap kernels work with, at most N (and >= 1).
     step_cap: this plan's share of a larger plan's step limit (``bind``'s),
         or None: the limits' own (``max_steps``, else the planner's bound).
+    size_table: (max_len + 1,) int64 the largest batch at each padded length
+        (the curve, within [1, max_size], non-increasing), or (0,): no curve.
     """
 
     limits: BatchLimits
@@ -131,6 +166,25 @@ class BatchConstraint:
     max_tokens: int
     max_size: int
     step_cap: int | None = None
+    size_table: np.ndarray = field(default_factory=lambda: NO_TABLE, compare=False, repr=False)
+
+    @property
+    def curved(self) -> bool:
+        """Whether a limit curve binds this plan (``size_table`` non-empty)."""
+        return self.size_table.shape[0] > 0
+
+    @property
+    def token_table(self) -> np.ndarray:
+        """(max_len + 1,) int64 the most tokens a packed batch whose longest is L
+        may hold: ``min(max_tokens, size_table[L] * L)``, or (0,)."""
+        if not self.curved:
+            return NO_TABLE
+        got = self.__dict__.get("_token_table")
+        if got is None:
+            L = np.arange(self.size_table.shape[0], dtype=np.int64)
+            got = np.minimum(self.max_tokens, self.size_table * L)
+            object.__setattr__(self, "_token_table", got)
+        return got
 
     @property
     def cost(self) -> CostModel:
@@ -153,16 +207,22 @@ class BatchConstraint:
     def fits(self, lengths: np.ndarray) -> bool:
         """Whether a batch of these samples ((n,) int64 lengths) is within the
         rule: at most ``max_size`` samples, the budget (count x longest, or the
-        sum of lengths when packed) and the cost cap; a lone sample always fits."""
+        sum of lengths when packed), the cost cap and the limit curve (module
+        docstring); a lone sample always fits."""
         n = int(lengths.shape[0])
         if n <= 1:
             return n == 1
         if n > self.max_size:
             return False
+        longest = int(lengths.max())
         if self.pack:
             cost = int(self.cost.packed_scaled(lengths).sum())
-            return int(lengths.sum()) <= self.max_tokens and cost <= self.max_cost
-        longest = int(lengths.max())
+            tokens = int(lengths.sum())
+            if self.curved and tokens > int(self.token_table[longest]):
+                return False
+            return tokens <= self.max_tokens and cost <= self.max_cost
+        if self.curved and n > int(self.size_table[longest]):
+            return False
         return n * longest <= self.max_tokens and int(self.cost.scaled(n, longest)) <= self.max_cost
 
     def step_bound(self, lengths: np.ndarray, drop_last: bool,
@@ -172,7 +232,7 @@ class BatchConstraint:
         batches, a lower bound for packed ones). histogram:
         ``length_histogram(lengths)`` if the caller has it."""
         return step_bound(lengths, self.max_tokens, self.max_size, self.world_size, drop_last, self.pack, self.cost,
-                          self.max_cost, histogram)
+                          self.max_cost, histogram, self.size_table if self.curved else None)
 
     def step_limit(self, fewest: int) -> int | None:
         """The most steps this plan may take when the fewest possible is
@@ -200,4 +260,6 @@ class BatchConstraint:
         of a full batch of median-length samples. lengths: (N,) int64, N >= 1."""
         med = max(1, int(np.partition(lengths, lengths.shape[0] // 2)[lengths.shape[0] // 2]))
         full = max(1, min(self.max_size, self.max_tokens // med))
+        if self.curved:
+            full = min(full, int(self.size_table[min(med, self.max_len)]))
         return self.limits.step_share * float(self.cost.batch_cost(full, med))

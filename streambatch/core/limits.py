@@ -16,15 +16,17 @@ whose longest sample is ``L`` is checked as ``ceil(T / L)`` samples padded to
 ``L``: its memory, ``m1 * T + m2 * sum(L_i**2)``, is at most that padded
 batch's, so the check is conservative.
 
-Pure numpy. Building a plan under the curve is a later step (the planners
-take ``max_batch_tokens`` today; the curve will join the batch rule of
-``core/constraint.py``: in ``BatchLimits``, its ``table`` in
-``BatchConstraint``); ``budget_within`` gives the largest token budget whose
-batches all lie under the curve.
+Pure numpy. Planning under a curve: the planners' ``limit`` option
+(``resolve_limit`` reads what it is given), held by the batch rule of
+``core/constraint.py`` (the curve in ``BatchLimits``, its ``size_table`` in
+``BatchConstraint``: the lookup the kernels index); ``budget_within`` gives
+the largest token budget whose batches all lie under the curve (a plan
+without the curve, e.g. the seed-exact greedy planner's).
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import numbers
 import os
@@ -175,7 +177,10 @@ class LimitCurve:
             # running minimum (recorded, so the caller can see it)
             self.meta["made_non_increasing"] = True
             mb = np.minimum.accumulate(mb)
-        object.__setattr__(self, "upper", up.astype(np.int64))
+        up = up.astype(np.int64)
+        mb = mb.copy()
+        up.flags.writeable = mb.flags.writeable = False  # hashed and fingerprinted by value: fixed once built
+        object.__setattr__(self, "upper", up)
         object.__setattr__(self, "max_batch", mb)
 
     # ------------------------------------------------------------ building
@@ -236,6 +241,23 @@ class LimitCurve:
         t = self.max_batch_size(np.arange(top + 1, dtype=np.int64))
         t[0] = t[1]
         return t.astype(np.int32)
+
+    def size_table(self, max_length: int, max_size: int) -> np.ndarray:
+        """(max_length + 1,) int64: the largest batch at padded length L for L in
+        0..max_length, at most ``max_size`` and at least 1 (a lone sample is
+        always a batch, as under a token budget: leave clips longer than the
+        curve out with ``max_length``). Non-increasing in L: the planners'
+        lookup (``BatchConstraint.size_table``)."""
+        top = max(int(max_length), 1)
+        t = self.table(top)[: int(max_length) + 1].astype(np.int64)
+        return np.clip(t, 1, max(int(max_size), 1))
+
+    def digest(self) -> str:
+        """A short hash of the breakpoints: what plan fingerprints and saved states
+        hold of the curve (``PlanConfig.key``), so a changed curve is a changed plan."""
+        h = hashlib.sha256(self.upper.astype("<i8").tobytes())
+        h.update(self.max_batch.astype("<i8").tobytes())
+        return h.hexdigest()[:16]
 
     def check(self, plan: Plan, lengths: ArrayLike, packed: bool = False, first_step: int = 0) -> LimitCheck:
         """Check every batch of ``plan`` (``lengths``: (N,) the lengths its samples
@@ -298,12 +320,53 @@ class LimitCurve:
         return (isinstance(other, LimitCurve) and np.array_equal(self.upper, other.upper)
                 and np.array_equal(self.max_batch, other.max_batch) and self.source == other.source)
 
-    __hash__ = None  # type: ignore[assignment]  # arrays inside: equal by value, not hashable
+    def __hash__(self) -> int:
+        # by value, as ``__eq__``: a curve is an option of a PlanConfig, which is hashable (its arrays are
+        # read-only)
+        return hash((self.digest(), self.source))
 
     def __repr__(self) -> str:
         pts = ", ".join(f"<={u}: {b}" for u, b in zip(self.upper[:4].tolist(), self.max_batch[:4].tolist()))
         more = f", ... ({self.upper.size} breakpoints)" if self.upper.size > 4 else ""
         return f"LimitCurve({pts}{more}; {self.source})"
+
+
+def resolve_limit(value: Any) -> LimitCurve | None:
+    """The planners' ``limit`` option as a ``LimitCurve`` (None: no curve).
+
+    value: a ``LimitCurve``; a ``MemoryModel`` carrying the curve its
+    calibration drew under a memory limit (``MemoryModel.fit(...,
+    limit_bytes=...)``, ``MemoryModel.load``); a path to a limit curve
+    (``LimitCurve.save``), a ``streambatch calibrate --memory`` file or a
+    NeMo/lhotse bucket profile (lengths in the planner's units); a dict of
+    either; or a per-length table (``sizes[L]``: the largest batch at padded
+    length L, ``LimitCurve.from_sizes``)."""
+    if value is None or isinstance(value, LimitCurve):
+        return value
+    if hasattr(value, "limit_curve") and hasattr(value, "m2"):  # a MemoryModel (memory.py imports this module)
+        if value.limits is None:
+            raise ValueError("limit: this MemoryModel carries no limit curve; fit it with limit_bytes= "
+                             "(`streambatch calibrate --memory --limit-bytes`), or pass "
+                             "model.limit_curve(limit_bytes, max_length, margin)")
+        return value.limits
+    if isinstance(value, (str, os.PathLike)):
+        try:
+            return LimitCurve.load(value)
+        except ValueError as first:
+            try:
+                return LimitCurve.from_profile(value)
+            except (ValueError, TypeError) as second:
+                raise ValueError(f"limit: {os.fspath(value)!r} is neither a limit curve or memory calibration "
+                                 f"({first}) nor a bucket profile ({second})") from None
+    if isinstance(value, dict):
+        if value.get("format") in (LIMITS_FORMAT, "streambatch-memory"):
+            return LimitCurve.from_dict(value, "limit")
+        return LimitCurve.from_profile(value)
+    if isinstance(value, (list, tuple, np.ndarray)):
+        return LimitCurve.from_sizes(np.asarray(value), "per-length table")
+    raise TypeError(f"limit must be a LimitCurve, a MemoryModel with a limit curve, a path to a limit/memory/profile "
+                    f"file, a dict of one, or a per-length table of batch sizes (or None), got "
+                    f"{type(value).__name__}")
 
 
 def check_length(value: Any, name: str = "max_length") -> int:

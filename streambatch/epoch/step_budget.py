@@ -63,7 +63,7 @@ class StepBudget:
         """The fewest steps of the lengths in ``counts`` (and ``more``) at ``world`` ranks."""
         limits = self.limits
         b = counts.fewest_batches(limits.max_batch_tokens, limits.max_batch_size, limits.pack, limits.cost,
-                                  limits.max_cost, more)
+                                  limits.max_cost, more, limits.limit)
         return fewest_steps(b, world, drop_last)
 
     def spend(self, trained: np.ndarray, steps: int) -> None:

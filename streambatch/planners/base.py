@@ -13,7 +13,7 @@ as numbers, every option as a keyword: what a planner of your own writes) and,
 with ``Planner(takes_constraint=True)`` (every built-in planner), the
 ``ConstrainedPlanFunction``, which takes the ``BatchConstraint`` in their place
 and its own options only: the constraint carries ``cost``, ``max_step_cost``,
-``pack`` and ``max_steps`` (``CONSTRAINT_OPTIONS``).
+``pack``, ``max_steps`` and ``limit`` (``CONSTRAINT_OPTIONS``).
 
 The plan function's promises (``tests/planners/test_planner_contract.py`` checks all of
 them for every registered planner):
@@ -28,7 +28,11 @@ them for every registered planner):
   ``max_batch_tokens`` padded tokens (count x longest), except a lone sample
   longer than the budget; a planner that packs (``Planner.packs``: its
   ``pack`` option is True) counts real tokens instead (sum of lengths: the
-  samples are concatenated, no padding);
+  samples are concatenated, no padding); with the ``limit`` option (a
+  limit curve, ``core/limits.py``) no batch holds more samples than the
+  curve allows at its longest length (packed: no more tokens than that many
+  samples of its longest length), except a lone sample; a planner that
+  does not declare ``limit`` refuses it (``UnknownOptionError``);
 - the plan is a pure function of its arguments: same input, same plan; other
   epochs (with shuffling) give other plans;
 - unless the planner says otherwise (``Planner.step_slack`` None: the
@@ -56,8 +60,9 @@ from ..core.plan import Plan
 
 PACK_OPTION = "pack"  # the option name that switches a planner to packed batches (``Planner.packs``)
 MAX_STEPS_OPTION = "max_steps"  # the option name of a plan's step cap (``BatchLimits.max_steps``)
+LIMIT_OPTION = "limit"  # the option name of a per-length batch limit (``BatchLimits.limit``, a LimitCurve)
 # The options that make up the batch rule (``BatchLimits``) rather than a planner's own settings.
-CONSTRAINT_OPTIONS = ("cost", "max_step_cost", PACK_OPTION, MAX_STEPS_OPTION)
+CONSTRAINT_OPTIONS = ("cost", "max_step_cost", PACK_OPTION, MAX_STEPS_OPTION, LIMIT_OPTION)
 
 
 class PlanFunction(Protocol):
@@ -189,7 +194,11 @@ class Planner:
             valid = f"its options are {names}" if names else "it takes no options"
             hint = "; packed batches are planner='bucketed', pack=True" if PACK_OPTION in unknown else ""
             # the entry points pass every keyword they do not take on as an option: name a misspelled one
-            hint += misspelled([u for u in unknown if u != PACK_OPTION], names)
+            hint += misspelled([u for u in unknown if u not in (PACK_OPTION, LIMIT_OPTION)], names)
+            if LIMIT_OPTION in unknown:
+                hint += ("; limit curves are honoured by planner='bucketed' and planner='shard_affine' (the greedy "
+                         "planner reproduces the seed's batches: give it a token budget within the curve, "
+                         "LimitCurve.budget_within)")
             raise UnknownOptionError(f"planner {self.name!r} got unknown option(s) {unknown}; {valid}{hint}")
         out = {}
         for o in self.options:
@@ -217,5 +226,7 @@ class Planner:
         names = self.option_names()
         step_cap = resolved.get("max_step_cost") if "max_step_cost" in names else None
         max_steps = resolved.get(MAX_STEPS_OPTION) if MAX_STEPS_OPTION in names else None
+        limit = resolved.get(LIMIT_OPTION) if LIMIT_OPTION in names else None
         return BatchLimits(max_batch_tokens, max_batch_size, self.cost_model(resolved), step_cap,
-                           self.packs(resolved), max_length, max_steps=max_steps, step_slack=self.step_slack)
+                           self.packs(resolved), max_length, max_steps=max_steps, step_slack=self.step_slack,
+                           limit=limit)

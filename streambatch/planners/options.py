@@ -1,6 +1,6 @@
 """The options more than one built-in planner declares, defined once.
 
-``cost``, ``max_step_cost``, ``pack`` and ``max_steps`` make up the batch
+``cost``, ``max_step_cost``, ``pack``, ``max_steps`` and ``limit`` make up the batch
 rule (``planners.base.CONSTRAINT_OPTIONS``: ``Planner.limits`` turns them into
 a ``BatchLimits``); ``bucket_width`` sets the bucketed planner's length buckets
 (and, in the shard-affine planner, those of the outliers it pools). A planner
@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 
 from ..core.cost import CostModel, resolve_cost
+from ..core.limits import resolve_limit
 from ..core.validation import check_flag
 from .base import Option
 
@@ -75,5 +76,8 @@ MAX_STEP_COST = Option("max_step_cost", None, check_max_step_cost, "cap on every
 PACK = Option("pack", False, check_pack, "packed, padding-free batches: sum(L) <= max_batch_tokens, varlen cost")
 MAX_STEPS = Option("max_steps", None, check_max_steps,
                    "the most steps a plan may take (None: the planner's bound, 1.05 x the fewest possible + 1)")
+LIMIT = Option("limit", None, resolve_limit,
+               "the largest batch per padded length, a hard limit beside the budget: a LimitCurve, a MemoryModel "
+               "with its curve, a limit/memory/bucket-profile file, or a per-length table (None: no curve)")
 # the cost kinds a planner with the ``cost`` option balances under
 COST_KINDS = ("quadratic", "linear", "quadratic_duration", "step")

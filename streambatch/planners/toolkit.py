@@ -70,6 +70,15 @@ _helper = njit(no_cpython_wrapper=True, no_cfunc_wrapper=True, error_model="nump
 _inline = njit(inline="always", no_cpython_wrapper=True, no_cfunc_wrapper=True, error_model="numpy")
 
 
+@_inline
+def _over(tab, count, length):
+    """Whether ``count`` samples padded to ``length`` exceed a limit curve: tab
+    is ``BatchConstraint.size_table`` ((> length,) int64, the largest batch per
+    padded length), or (0,) for no curve (never over). Inlined: it sits in the
+    fill loops, where a call would cost more than the check."""
+    return tab.shape[0] > 0 and count > tab[length]
+
+
 @_helper
 def _mix(h, v):
     """splitmix64 finaliser of h ^ v (both uint64): ``core.hashing._mix``'s

@@ -267,6 +267,17 @@ def test_limits_fitted_on_a_real_model_hold_on_its_real_peak(tmp_path):
     assert result.ok and all(r.peak_bytes <= limit for r in result.rows)
     # the curve is not timid: its worst batch uses most of the memory the step may add to its base
     assert max(r.peak_bytes for r in result.rows) - base > 0.6 * (0.9 * limit - base)
+    # planned under the curve itself (the planners' ``limit`` option, the fitted model's curve; the budget not
+    # binding), padded and packed: no batch above the curve, and the real peaks of the worst under the limit
+    for pack in (False, True):
+        curved = make_plan(lengths, 10**9, 10**6, world_size=2, planner="bucketed", limit=model, pack=pack)
+        assert curve.check(curved, lengths, packed=pack).ok
+        if not pack:  # the curve holds more on short clips than the one budget within it
+            assert curved.fewest_steps <= plan.fewest_steps
+    shapes = BatchShapes.of_plan(curved, lengths)
+    result = run_preflight(shapes, probe, memory=model, limit_bytes=limit, top=2, longest=1, packed=True)
+    print(result, file=sys.stderr)
+    assert result.ok and all(r.peak_bytes <= limit for r in result.rows)
 
 
 @pytest.mark.slow

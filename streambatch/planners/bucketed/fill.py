@@ -103,7 +103,8 @@ def _split_costliest(starts: np.ndarray, sizes: np.ndarray, slen: np.ndarray, co
 
 
 def fill_plan(lengths: np.ndarray, order: np.ndarray, tokens: int, cap: int, w: int, coefficients: tuple[int, int],
-              max_cost: int, shuffle: bool, drop_last: bool, key: np.uint64, limit: int) -> Plan:
+              max_cost: int, shuffle: bool, drop_last: bool, key: np.uint64, limit: int,
+              table: np.ndarray | None = None) -> Plan:
     """Plan the fewest steps (see the module docstring).
 
     lengths: (N,) int64 >= 0, N >= 1; order: (N,) the samples longest first
@@ -115,20 +116,23 @@ def fill_plan(lengths: np.ndarray, order: np.ndarray, tokens: int, cap: int, w: 
     (``_split_costliest``) as long as the plan stays within ``limit`` steps,
     and dealt to steps costliest first. Returns a Plan of at most ``limit``
     steps when the exact order's fill allows it (with ``drop_last`` the
-    ``B mod W`` cheapest batches' samples are returned as leftover).
+    ``B mod W`` cheapest batches' samples are returned as leftover). table:
+    the limit curve's sizes per length (``BatchConstraint.size_table``; (0,)
+    or None: none): the fill honours it, and cutting batches only shrinks them.
     """
     from .steps import fill_sizes, mix_batches  # lazy for start-up: no numba before the first plan
 
     n = lengths.shape[0]
     dtype = order.dtype
     ca, cb = coefficients
-    sizes = fill_sizes(np.ascontiguousarray(lengths[order]), tokens, cap, ca, cb, max_cost)
+    tab = np.zeros(0, dtype=np.int64) if table is None else table
+    sizes = fill_sizes(np.ascontiguousarray(lengths[order]), tokens, cap, tab, ca, cb, max_cost)
     rng = _rng(key)
     if _steps(sizes.shape[0], w, drop_last) > limit:
         # exact: longest first, equal lengths in random order (index order without shuffling)
         tie = rng.random(n) if shuffle else np.arange(n)
         order = np.lexsort((tie, -lengths)).astype(dtype)
-        sizes = fill_sizes(np.ascontiguousarray(lengths[order]), tokens, cap, ca, cb, max_cost)
+        sizes = fill_sizes(np.ascontiguousarray(lengths[order]), tokens, cap, tab, ca, cb, max_cost)
     starts = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64)
     slen = lengths[order]
     room = limit * w if drop_last else max(limit * w, sizes.shape[0])

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..toolkit import _cost, _helper, _new, _zeros
+from ..toolkit import _cost, _helper, _new, _over, _zeros
 
 LONG = 16  # a sample is long when fewer than this many of its length fit the token budget
 POOL = 4  # the pool holds at most this many steps' worth of batches...
@@ -26,9 +26,10 @@ _SWAP = 1.15  # a lone sample within 1 / _SWAP of the cheapest chosen batch's co
 
 
 @_helper
-def _head_pool(slen, p, w, max_tokens, max_size, ca, cb, cap, long_only, sizes, costs):
+def _head_pool(slen, p, w, max_tokens, max_size, tab, ca, cb, cap, long_only, sizes, costs):
     """Cut slen[p:] into batches of consecutive samples, each filled until
-    the next sample would break the size cap, token budget or cost ``cap``.
+    the next sample would break the size cap, token budget, cost ``cap`` or
+    the limit curve ``tab`` ((0,): none).
 
     Stops after a whole number of steps' worth of batches (W), at
     _MIN_POOL of them or more once the last batch costs under cap / 2
@@ -48,7 +49,8 @@ def _head_pool(slen, p, w, max_tokens, max_size, ca, cb, cap, long_only, sizes, 
         while pos < n:
             ln = np.int64(slen[pos])
             nm = ln if ln > mx else mx
-            if cnt + 1 > max_size or (cnt + 1) * nm > max_tokens or _cost(ca, cb, cnt + 1, nm) > cap:
+            if (cnt + 1 > max_size or (cnt + 1) * nm > max_tokens or _cost(ca, cb, cnt + 1, nm) > cap
+                    or _over(tab, cnt + 1, nm)):
                 break
             cnt += 1
             mx = nm

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..toolkit import _I64_MAX, _cost, _helper, _new
+from ..toolkit import _I64_MAX, _cost, _helper, _new, _over
 
 # Weights of the waste terms when choosing a step's layout (``_waste_rate``),
 # roughly inverse to the slack the targets leave each: balance 0.98, padding
@@ -17,9 +17,10 @@ _NARROW = 20  # a narrow deal spans at most 1 + 1/_NARROW in length
 
 
 @_helper
-def _contiguous(slen, p, w, max_tokens, max_size, ca, cb, limit, sizes, maxes, off):
+def _contiguous(slen, p, w, max_tokens, max_size, tab, ca, cb, limit, sizes, maxes, off):
     """W batches of consecutive samples from ``p``, each filled until the next
-    sample would break the size cap, token budget or cost ``limit``.
+    sample would break the size cap, token budget, cost ``limit`` or the limit
+    curve ``tab`` (``toolkit._over``: (0,) for none).
 
     Fills sizes/maxes[off:off + W]. Returns (end, complete, real tokens):
     complete is False when the data ran out before the W-th batch was closed
@@ -39,7 +40,8 @@ def _contiguous(slen, p, w, max_tokens, max_size, ca, cb, limit, sizes, maxes, o
         while pos < n:
             ln = np.int64(slen[pos])
             nm = ln if ln > mx else mx
-            if cnt + 1 > max_size or (cnt + 1) * nm > max_tokens or _cost(ca, cb, cnt + 1, nm) > limit:
+            if (cnt + 1 > max_size or (cnt + 1) * nm > max_tokens or _cost(ca, cb, cnt + 1, nm) > limit
+                    or _over(tab, cnt + 1, nm)):
                 closed = True
                 break
             cnt += 1
@@ -70,7 +72,7 @@ def _time_rate(slen, p, end, sizes, maxes, off, w, ca, cb):
 
 
 @_helper
-def _sparse_cap(slen, p, w, max_tokens, max_size, ca, cb, top, lone, rate, sizes, maxes, off):
+def _sparse_cap(slen, p, w, max_tokens, max_size, tab, ca, cb, top, lone, rate, sizes, maxes, off):
     """Where long samples are sparse (slen descending), a step of contiguous
     batches spans a wide range of lengths and its first batches cost far
     more than its last. Try holding every batch to a cost limit, from top
@@ -89,7 +91,7 @@ def _sparse_cap(slen, p, w, max_tokens, max_size, ca, cb, top, lone, rate, sizes
         limit = limit - limit // 20 - 1
         if limit < lone:
             break
-        end, complete, real = _contiguous(slen, p, w, max_tokens, max_size, ca, cb, limit, sizes, maxes, off + w)
+        end, complete, real = _contiguous(slen, p, w, max_tokens, max_size, tab, ca, cb, limit, sizes, maxes, off + w)
         if not complete:
             break
         r = _time_rate(slen, p, end, sizes, maxes, off + w, w, ca, cb)
@@ -103,7 +105,7 @@ def _sparse_cap(slen, p, w, max_tokens, max_size, ca, cb, top, lone, rate, sizes
 
 
 @_helper
-def _deal_size(slen, p, w, max_tokens, max_size, ca, cb, max_cost):
+def _deal_size(slen, p, w, max_tokens, max_size, tab, ca, cb, max_cost):
     """How many samples per rank a deal of the samples from ``p`` can take.
 
     Returns (b, b_narrow, complete): b is the largest count such that the
@@ -135,7 +137,7 @@ def _deal_size(slen, p, w, max_tokens, max_size, ca, cb, max_cost):
             ln = np.int64(slen[j])
             nm = ln if ln > nm else nm
             mn = ln if ln < mn else mn
-        if nb * nm > max_tokens or _cost(ca, cb, nb, nm) > max_cost:
+        if nb * nm > max_tokens or _cost(ca, cb, nb, nm) > max_cost or _over(tab, nb, nm):
             break
         b = nb
         mx = nm
@@ -209,13 +211,13 @@ def _waste_rate(sizes, maxes, off, real, w, max_tokens, max_size, ca, cb, max_co
 
 
 @_helper
-def _fits(count, max_len, max_tokens, max_size, ca, cb, max_cost):
+def _fits(count, max_len, max_tokens, max_size, tab, ca, cb, max_cost):
     return count <= 1 or (count <= max_size and count * max_len <= max_tokens
-                          and _cost(ca, cb, count, max_len) <= max_cost)
+                          and _cost(ca, cb, count, max_len) <= max_cost and not _over(tab, count, max_len))
 
 
 @_helper
-def _finish_split(slen, p, w, max_tokens, max_size, ca, cb, max_cost, cost_limited, sizes, maxes):
+def _finish_split(slen, p, w, max_tokens, max_size, tab, ca, cb, max_cost, cost_limited, sizes, maxes):
     """Where to split the last samples slen[p:] (ascending by bucket) into at
     most two evenly dealt steps: returns h (the first step is slen[p:p+h],
     the second the rest; h = n - p for a single step), or -1 when no split
@@ -246,8 +248,8 @@ def _finish_split(slen, p, w, max_tokens, max_size, ca, cb, max_cost, cost_limit
         if rest == 0 or rest >= w:
             ba = (h + w - 1) // w
             bb = (rest + w - 1) // w
-            if (_fits(ba, pre[h], max_tokens, max_size, ca, cb, max_cost)
-                    and (rest == 0 or _fits(bb, suf[h], max_tokens, max_size, ca, cb, max_cost))):
+            if (_fits(ba, pre[h], max_tokens, max_size, tab, ca, cb, max_cost)
+                    and (rest == 0 or _fits(bb, suf[h], max_tokens, max_size, tab, ca, cb, max_cost))):
                 # The two steps in turn, written out here rather than in a
                 # helper of their own: one function less to compile.
                 rate = 0.0

@@ -43,7 +43,7 @@ import numpy as np
 
 from ...core import compile_once as once  # called as once.compile_once: tests swap it
 from ...core.bounds import length_histogram
-from ...core.constraint import BatchConstraint
+from ...core.constraint import NO_TABLE, BatchConstraint
 from ...core.cost import INT64_MAX
 from ...core.plan import Plan, assemble, finish_last_step, index_dtype
 
@@ -101,16 +101,21 @@ def plan_packed(lengths: np.ndarray, constraint: BatchConstraint, world_size: in
     # compiled once per node (or loaded) on a tiny input of the same argument types: core/compile_once.py
     once.compile_once("packed", (np.dtype(dtype).name, np.dtype(len_dtype).name, shuffle),
                       lambda: (_pack(np.arange(1, 9, dtype=np.int64), np.arange(1, 10, dtype=np.int64), np.uint64(0),
-                                     shuffle, 2, 16, 4, 1, 0, INT64_MAX, True, dtype, len_dtype, pack_plan, table_size),
+                                     shuffle, 2, 16, 4, NO_TABLE, 1, 0, INT64_MAX, True, dtype, len_dtype, pack_plan,
+                                     table_size),
                                shuffle and step_permutation(2, np.uint64(0))))
     # Best fit, or (where the size cap would close bins of the shortest samples long before their tokens) with
     # the short samples shared out; the other way too when the first takes more steps than the limit.
     spread = cap_binds(histogram, tokens, cap, w)
     e = edges(lmax)
-    out, counts, k, complete = _pack(lengths, e, key, shuffle, w, tokens, cap, ca, cb, max_cost, spread, dtype,
+    ttab = constraint.token_table
+    out, counts, k, complete = _pack(lengths, e, key, shuffle, w, tokens, cap, ttab, ca, cb, max_cost, spread, dtype,
                                      len_dtype, pack_plan, table_size)
-    if limit is not None and k > limit:
-        other = _pack(lengths, e, key, shuffle, w, tokens, cap, ca, cb, max_cost, not spread, dtype, len_dtype,
+    # Under a limit curve the bins close by the curve (a count of samples at their longest length), where the size
+    # cap's sharing out matters little, and the packed bound is looser (``core/bounds.py``): the other way is not
+    # tried (measured, bench/planning.py --limit: 504 steps, the other way 505, at twice the planning time).
+    if limit is not None and k > limit and not constraint.curved:
+        other = _pack(lengths, e, key, shuffle, w, tokens, cap, ttab, ca, cb, max_cost, not spread, dtype, len_dtype,
                       pack_plan, table_size)
         if other[2] < k:
             out, counts, k, complete = other
@@ -147,8 +152,9 @@ def cap_binds(histogram: tuple[np.ndarray, np.ndarray], tokens: int, cap: int, w
 
 
 def _pack(lengths: np.ndarray, edges: np.ndarray, key: np.uint64, shuffle: bool, w: int, tokens: int, cap: int,
-          ca: int, cb: int, max_cost: int, spread: bool, dtype: type, len_dtype: type, pack_plan: Callable[..., Any],
-          table_size: Callable[[int, int], int]) -> tuple[np.ndarray, np.ndarray, int, bool]:
+          ttab: np.ndarray, ca: int, cb: int, max_cost: int, spread: bool, dtype: type, len_dtype: type,
+          pack_plan: Callable[..., Any], table_size: Callable[[int, int], int]
+          ) -> tuple[np.ndarray, np.ndarray, int, bool]:
     """``kernels.pack_plan`` with its scratch arrays: (out (N + W,), counts, steps, complete)."""
     n = lengths.shape[0]
     table = np.empty(table_size(int(lengths.max()), n), dtype=np.int32)
@@ -156,6 +162,6 @@ def _pack(lengths: np.ndarray, edges: np.ndarray, key: np.uint64, shuffle: bool,
     slen = np.empty(n, dtype=len_dtype)
     scratch = np.empty(n, dtype=len_dtype)
     out = np.empty(n + w, dtype=dtype)
-    counts, k, complete = pack_plan(lengths, edges, table, key, shuffle, w, tokens, cap, ca, cb, max_cost, spread,
-                                    order, slen, out, scratch)
+    counts, k, complete = pack_plan(lengths, edges, table, key, shuffle, w, tokens, cap, ttab, ca, cb, max_cost,
+                                    spread, order, slen, out, scratch)
     return out, counts, int(k), bool(complete)

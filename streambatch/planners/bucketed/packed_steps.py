@@ -134,14 +134,18 @@ def _sift_down(heap, hc, size, i, cost, tok, cnt):
 
 
 @njit(cache=True, no_cfunc_wrapper=True, error_model="numpy")
-def pack_plan(lengths, edges, table, key, shuffle, w, max_tokens, max_size, ca, cb, max_cost, spread, order, slen,
-              out, scratch):
+def pack_plan(lengths, edges, table, key, shuffle, w, max_tokens, max_size, ttab, ca, cb, max_cost, spread, order,
+              slen, out, scratch):
     """Plan packed steps of W bins.
 
     lengths: (n,) int64 >= 0. edges: (k,) int64 bucket edges, table: lookup
     table or (0,) (as ``bucketed.sort.bucket_sort``). key: uint64, the
     epoch's draws. max_tokens, max_size >= 1, max_cost >= 1 (int64 max for no
-    cap); ca, cb: the cost model's coefficients. order, slen, scratch: (n,)
+    cap); ttab: (> max length,) int64 the limit curve as the most tokens a bin
+    whose longest sample is L may hold (``BatchConstraint.token_table``), or
+    (0,): none (a bin's room is then measured from its running longest, and a
+    sample longer than it that would break the curve closes the bin); ca, cb:
+    the cost model's coefficients. order, slen, scratch: (n,)
     scratch of the index dtype, the length dtype, the length dtype; out:
     (n + W,) of the index dtype, receives the plan's samples grouped by step
     and rank.
@@ -219,6 +223,8 @@ def pack_plan(lengths, edges, table, key, shuffle, w, max_tokens, max_size, ca, 
     cost = _new(w)
     tok = _new(w)
     cnt = _new(w)
+    mxl = _new(w)  # each bin's longest sample (the limit curve's length)
+    curved = ttab.shape[0] > 0
     heap = _new(w)
     hc = _new(w)
     cursor = _new(w)
@@ -239,6 +245,7 @@ def pack_plan(lengths, edges, table, key, shuffle, w, max_tokens, max_size, ca, 
             cost[r] = 0
             tok[r] = 0
             cnt[r] = 0
+            mxl[r] = 0
             heap[r] = r
             hc[r] = 0
         hs = w
@@ -250,7 +257,7 @@ def pack_plan(lengths, edges, table, key, shuffle, w, max_tokens, max_size, ca, 
             else:
                 bk = -1
                 if cnt[bin_] < max_size:
-                    room = max_tokens - tok[bin_]
+                    room = (ttab[mxl[bin_]] if curved else max_tokens) - tok[bin_]
                     if capped and room >= 0:
                         within = _longest_within(ca, cb, max_cost - cost[bin_], room)
                         room = within if within < room else room
@@ -280,6 +287,11 @@ def pack_plan(lengths, edges, table, key, shuffle, w, max_tokens, max_size, ca, 
                                           table)
                     if bk < 0 and room >= 0:
                         bk = _fitting(room, link, high, nxt, start, size, slen, order, edges, table)
+                    if curved and bk >= 0:
+                        # a sample longer than the bin's longest moves the curve's limit down: recheck
+                        nl = np.int64(slen[nxt[bk]])
+                        if nl > mxl[bin_] and tok[bin_] + nl > ttab[nl]:
+                            bk = -1
                 if bk < 0:  # nothing fits: the bin is closed
                     hs -= 1
                     heap[0] = heap[hs]
@@ -300,6 +312,7 @@ def pack_plan(lengths, edges, table, key, shuffle, w, max_tokens, max_size, ca, 
             cost[bin_] += ln * (ca * ln + cb)
             tok[bin_] += ln
             cnt[bin_] += 1
+            mxl[bin_] = ln if ln > mxl[bin_] else mxl[bin_]
             step_pos[placed] = order[j]  # the sample itself: the scatter below reads it in order
             step_bin[placed] = bin_
             placed += 1

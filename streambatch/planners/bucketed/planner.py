@@ -40,6 +40,11 @@ Options (keywords of ``make_plan``):
   the head of long samples cut back, or the fill of ``fill.py``); with a
   fitted step model (``c0 > 0``) a plan over it is kept only when the model
   predicts it faster, and ``Plan.fewest_steps`` shows by how much.
+- ``limit`` (default None): the largest batch per padded length, a hard
+  limit beside the budget (``core/limits.py``: a ``LimitCurve``, a fitted
+  ``MemoryModel``'s curve, a bucket profile or a per-length table). Every
+  fill loop asks its lookup table (``BatchConstraint.size_table``); packed,
+  a batch's tokens stay within that many samples of its longest length.
 
 ``drop_last=True`` leaves out (and returns as ``Plan.leftover``) the samples
 that cannot complete a step; without it they are dealt evenly into the final
@@ -54,11 +59,11 @@ import dataclasses
 import numpy as np
 
 from ...core import compile_once as once  # called as once.compile_once: tests swap it
-from ...core.constraint import BatchConstraint
+from ...core.constraint import NO_TABLE, BatchConstraint
 from ...core.cost import INT64_MAX
 from ...core.plan import Plan, assemble, finish_last_step, index_dtype
 from ..base import Planner
-from ..options import BUCKET_WIDTH, COST, COST_KINDS, DEFAULT_BUCKET_WIDTH, MAX_STEP_COST, MAX_STEPS, PACK
+from ..options import BUCKET_WIDTH, COST, COST_KINDS, DEFAULT_BUCKET_WIDTH, LIMIT, MAX_STEP_COST, MAX_STEPS, PACK
 from .fill import fill_plan
 from .packed import plan_packed
 from .step_limit import NO_HEAD, within_limit
@@ -162,7 +167,7 @@ def plan_bucketed(lengths: np.ndarray, constraint: BatchConstraint, world_size: 
 
     def lay_out(head_min: int) -> Plan:
         return _lay_out(lengths, lmax, tokens, cap, w, constraint.coefficients, np.int64(head_min), max_cost, shuffle,
-                        drop_last, key, bucket_width, dtype, len_dtype)
+                        drop_last, key, bucket_width, dtype, len_dtype, constraint.size_table)
 
     # The head of long samples (``head.py``) after an outlier: under B*L^2 alone its steps, each batch held
     # to one long sample's cost, cost no more than fuller ones, but they take more steps. A per-step cost (a
@@ -174,7 +179,7 @@ def plan_bucketed(lengths: np.ndarray, constraint: BatchConstraint, world_size: 
             order, _, m = bucket_order(lengths, lmax, tokens, cap, shuffle, key, bucket_width, dtype, len_dtype)
             order = np.concatenate([order[m:], order[:m][::-1]])
             return fill_plan(lengths, order, tokens, cap, w, constraint.coefficients, max_cost, shuffle, drop_last,
-                             subkey(key, 5), limit)
+                             subkey(key, 5), limit, constraint.size_table)
 
         plan = within_limit(plan, lengths, constraint, limit, lay_out, fill)
     return dataclasses.replace(plan, fewest_steps=bound.steps)
@@ -187,7 +192,7 @@ def _warm(dtype: type, len_dtype: type, shuffle: bool) -> None:
     _lay_out(np.arange(1, 41, dtype=np.int64), 40, 400, 8, 2, (1, 0), np.int64(0), INT64_MAX, shuffle, False,
              plan_key(0, 0), DEFAULT_BUCKET_WIDTH, dtype, len_dtype)
     tiny = np.arange(40, 0, -1, dtype=np.int64)
-    fill_sizes(tiny, 400, 8, 1, 0, INT64_MAX)
+    fill_sizes(tiny, 400, 8, NO_TABLE, 1, 0, INT64_MAX)
     mix_batches(tiny, np.arange(0, 40, 10, dtype=np.int64), np.full(4, 10, dtype=np.int64), 2, plan_key(0, 0))
 
 
@@ -214,9 +219,10 @@ def bucket_order(lengths: np.ndarray, lmax: int, tokens: int, cap: int, shuffle:
 
 def _lay_out(lengths: np.ndarray, lmax: int, tokens: int, cap: int, w: int, coefficients: tuple[int, int],
              head_min: np.int64, max_cost: int, shuffle: bool, drop_last: bool, key: np.uint64, width: float,
-             dtype: type, len_dtype: type) -> Plan:
+             dtype: type, len_dtype: type, table: np.ndarray = NO_TABLE) -> Plan:
     """The kernel calls of ``plan_bucketed``: sort into buckets, lay steps out
-    from both ends, finish the rest, shuffle the step order."""
+    from both ends, finish the rest, shuffle the step order. table: the limit
+    curve's sizes per length (``BatchConstraint.size_table``; (0,): none)."""
     # lazy for start-up: no numba before the first plan
     from ..toolkit import step_permutation
     from .steps import plan_steps
@@ -227,7 +233,7 @@ def _lay_out(lengths: np.ndarray, lmax: int, tokens: int, cap: int, w: int, coef
     # Lay steps out from the short end up and from the long end down; the
     # tails of both (under two steps each) meet where lengths are densest
     # and are finished there together, so no runt step lands in a sparse tail.
-    args = (w, tokens, cap, *coefficients, max_cost, head_min)
+    args = (w, tokens, cap, table, *coefficients, max_cost, head_min)
     step_key = subkey(key, 3)
     low, k, n_low, stop_low = plan_steps(order[:m], slen[:m], *args, False, False, False, shuffle, step_key, 0, out)
     low = low[: k * w].reshape(k, w)
@@ -252,7 +258,8 @@ def _lay_out(lengths: np.ndarray, lmax: int, tokens: int, cap: int, w: int, coef
 
 
 PLANNER = Planner(
-    "bucketed", plan_bucketed, options=(BUCKET_WIDTH, COST, MAX_STEP_COST, PACK, MAX_STEPS), costs=COST_KINDS,
+    "bucketed", plan_bucketed, options=(BUCKET_WIDTH, COST, MAX_STEP_COST, PACK, MAX_STEPS, LIMIT),
+    costs=COST_KINDS,
     summary="length buckets, each step's W batches laid out to cost the same (recommended for new runs)",
     takes_constraint=True, kernels="streambatch.planners.bucketed.steps",
 )

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..toolkit import _I64_MAX, _below, _cost, _grow, _mix, _new, _zeros, njit
+from ..toolkit import _I64_MAX, _below, _cost, _grow, _mix, _new, _over, _zeros, njit
 from .head import LONG, POOL, _head_pool, _take_head
 from .layouts import (
     _contiguous,
@@ -35,13 +35,15 @@ _SPARSE = 0.9  # a descending step less balanced than this spans sparse long sam
 
 
 @njit(cache=True, no_cfunc_wrapper=True, error_model="numpy")
-def plan_steps(order, slen, w, max_tokens, max_size, ca, cb, max_cost, head_min, descending, finish, drop_last,
+def plan_steps(order, slen, w, max_tokens, max_size, tab, ca, cb, max_cost, head_min, descending, finish, drop_last,
                shuffle, key, first_step, out):
     """Lay bucket-sorted samples out as global steps of W batches.
 
     order, slen: (n,) sample indices and their lengths in bucket order,
     ascending or descending (the head reorders a few of them in place).
-    max_tokens, max_size, max_cost >= 1 (int64 max for no cost cap). ca,
+    max_tokens, max_size, max_cost >= 1 (int64 max for no cost cap). tab:
+    (> max length,) int64 the limit curve's largest batch per padded length
+    (``BatchConstraint.size_table``), or (0,): none. ca,
     cb: the cost model's ``CostModel.coefficients``. head_min: after an
     outlier's head step, keep laying long samples of at least this length
     out as head steps (int64; its max for none: those steps hold batches
@@ -142,7 +144,7 @@ def plan_steps(order, slen, w, max_tokens, max_size, ca, cb, max_cost, head_min,
                     pct = 98 if c == 1 else 95
                     held = cheapest + cheapest // pct * (100 - pct)
                     limit = held if held < max_cost else max_cost
-                end, complete, real = _contiguous(slen, p, w, max_tokens, max_size, ca, cb, limit, sizes, maxes,
+                end, complete, real = _contiguous(slen, p, w, max_tokens, max_size, tab, ca, cb, limit, sizes, maxes,
                                                   c * w)
                 ends[c] = end
                 if complete:
@@ -172,7 +174,7 @@ def plan_steps(order, slen, w, max_tokens, max_size, ca, cb, max_cost, head_min,
                 # samples (fewer than LONG fit the budget) while they last.
                 outlier = cheapest <= lone < top
                 if outlier or (in_head and np.int64(slen[p]) >= head_min and max_tokens < LONG * np.int64(slen[p])):
-                    k = _head_pool(slen, p, w, max_tokens, max_size, ca, cb, lone if lone < max_cost else max_cost,
+                    k = _head_pool(slen, p, w, max_tokens, max_size, tab, ca, cb, lone if lone < max_cost else max_cost,
                                    not outlier, pool_sizes, pool_costs)
                     if k > 0:
                         _take_head(order, slen, p, w, pool_sizes, pool_costs, k, sizes)
@@ -182,7 +184,7 @@ def plan_steps(order, slen, w, max_tokens, max_size, ca, cb, max_cost, head_min,
             if not head:
                 b = np.int64(0)
                 if not settled:
-                    b, b_narrow, complete = _deal_size(slen, p, w, max_tokens, max_size, ca, cb, max_cost)
+                    b, b_narrow, complete = _deal_size(slen, p, w, max_tokens, max_size, tab, ca, cb, max_cost)
                 if w > 1 and not settled:
                     for c in range(3, 5):
                         bc = b if c == 3 else b_narrow
@@ -201,8 +203,9 @@ def plan_steps(order, slen, w, max_tokens, max_size, ca, cb, max_cost, head_min,
                     # unit of work alone, not budget use (slot 5), if a full
                     # step would remain after it (a smaller step here would
                     # leave more to the final steps, dealt over wider lengths).
-                    end = _sparse_cap(slen, p, w, max_tokens, max_size, ca, cb, top if top < max_cost else max_cost,
-                                      lone, _time_rate(slen, p, ends[best], sizes, maxes, best * w, w, ca, cb),
+                    end = _sparse_cap(slen, p, w, max_tokens, max_size, tab, ca, cb,
+                                      top if top < max_cost else max_cost, lone,
+                                      _time_rate(slen, p, ends[best], sizes, maxes, best * w, w, ca, cb),
                                       sizes, maxes, 5 * w)
                     if end >= 0 and n - end >= ends[0] - p:
                         best = 5
@@ -219,7 +222,7 @@ def plan_steps(order, slen, w, max_tokens, max_size, ca, cb, max_cost, head_min,
                     break  # leave the end to the caller
                 h = np.int64(-1)
                 if near_end and not drop_last:
-                    h = _finish_split(slen, p, w, max_tokens, max_size, ca, cb, max_cost, cost_limited,
+                    h = _finish_split(slen, p, w, max_tokens, max_size, tab, ca, cb, max_cost, cost_limited,
                                       sizes, maxes)
                 if h > 0:  # one or two final steps, dealt
                     best = 3
@@ -250,7 +253,7 @@ def deal_rank(t, m, w):
 
 
 @njit(cache=True, no_cfunc_wrapper=True, error_model="numpy")
-def head_step(order, slen, p, w, max_tokens, max_size, ca, cb, cap, long_only):
+def head_step(order, slen, p, w, max_tokens, max_size, tab, ca, cb, cap, long_only):
     """One head step from order/slen[p:] (``_head_pool``, ``_take_head``):
     ((W,) int64 sizes of the chosen batches, samples they hold), 0 samples
     when the pool is empty. order and slen are reordered in place. (ca, cb):
@@ -258,7 +261,7 @@ def head_step(order, slen, p, w, max_tokens, max_size, ca, cb, cap, long_only):
     sizes = _new(POOL * w)
     costs = _new(POOL * w)
     chosen = _zeros(w)
-    k = _head_pool(slen, p, w, max_tokens, max_size, ca, cb, cap, long_only, sizes, costs)
+    k = _head_pool(slen, p, w, max_tokens, max_size, tab, ca, cb, cap, long_only, sizes, costs)
     used = np.int64(0)
     if k > 0:
         used = _take_head(order, slen, p, w, sizes, costs, k, chosen)
@@ -266,11 +269,11 @@ def head_step(order, slen, p, w, max_tokens, max_size, ca, cb, cap, long_only):
 
 
 @njit(cache=True, no_cfunc_wrapper=True, error_model="numpy")
-def sparse_layout(slen, p, w, max_tokens, max_size, ca, cb, top, lone, rate):
+def sparse_layout(slen, p, w, max_tokens, max_size, tab, ca, cb, top, lone, rate):
     """``_sparse_cap``: (end or -1, (W,) sizes, (W,) longest) of the chosen layout."""
     sizes = _zeros(2 * w)
     maxes = _zeros(2 * w)
-    end = _sparse_cap(slen, p, w, max_tokens, max_size, ca, cb, top, lone, rate, sizes, maxes, np.int64(0))
+    end = _sparse_cap(slen, p, w, max_tokens, max_size, tab, ca, cb, top, lone, rate, sizes, maxes, np.int64(0))
     return end, sizes[:w], maxes[:w]
 
 
@@ -281,9 +284,10 @@ def time_rate(slen, p, end, sizes, maxes, w, ca, cb):
 
 
 @njit(cache=True, no_cfunc_wrapper=True, error_model="numpy")
-def fill_sizes(slen, max_tokens, max_size, ca, cb, max_cost):
+def fill_sizes(slen, max_tokens, max_size, tab, ca, cb, max_cost):
     """Cut slen (n,) into batches of consecutive samples, each filled until
-    the next sample would break the size cap, token budget or cost cap
+    the next sample would break the size cap, token budget, cost cap or the
+    limit curve ``tab`` ((0,): none)
     (count x the running longest; a lone sample over them is a batch of
     its own). Sorted longest first, this is the fill of ``core/bounds.py``:
     the fewest batches. Returns ((nb,) int64 batch sizes)."""
@@ -298,7 +302,8 @@ def fill_sizes(slen, max_tokens, max_size, ca, cb, max_cost):
         while p < n:
             ln = np.int64(slen[p])
             nm = ln if ln > mx else mx
-            if cnt + 1 > max_size or (cnt + 1) * nm > max_tokens or _cost(ca, cb, cnt + 1, nm) > max_cost:
+            if (cnt + 1 > max_size or (cnt + 1) * nm > max_tokens or _cost(ca, cb, cnt + 1, nm) > max_cost
+                    or _over(tab, cnt + 1, nm)):
                 break
             cnt += 1
             mx = nm

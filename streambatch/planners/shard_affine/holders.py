@@ -107,7 +107,8 @@ def swap_to_holders(samples: np.ndarray, counts: np.ndarray, holder: np.ndarray,
 
 
 def relax_to_holders(samples: np.ndarray, counts: np.ndarray, holder: np.ndarray, lengths: np.ndarray,
-                     cost: Any, max_tokens: int, max_cost: int, tol: float, packed: bool = False) -> np.ndarray:
+                     cost: Any, max_tokens: int, max_cost: int, tol: float, packed: bool = False,
+                     table: np.ndarray | None = None) -> np.ndarray:
     """Swap pairs of samples between batches (of any steps) where one more of
     them lands with its holder, if both batches stay within budget, no
     step's costliest batch gets costlier and no step's balance (sum of its
@@ -116,7 +117,11 @@ def relax_to_holders(samples: np.ndarray, counts: np.ndarray, holder: np.ndarray
     ``swap_to_holders`` cannot move: a batch's longest sample, e.g. the
     lone sample of an outlier's batch. ``packed``: batches are packed (budget
     and cost count the sum over their samples, ``CostModel.packed_cost``).
-    Returns the samples regrouped."""
+    table: the limit curve, as the largest batch per padded length
+    (``BatchConstraint.size_table``), or for packed batches the most tokens
+    per longest length (``token_table``); None or (0,): none. Returns the
+    samples regrouped."""
+    curve = table is not None and table.shape[0] > 0
     k, w = counts.shape
     offsets = np.concatenate([[0], np.cumsum(counts.ravel())])
     batches = [samples[offsets[b] : offsets[b + 1]].tolist() for b in range(k * w)]
@@ -126,9 +131,12 @@ def relax_to_holders(samples: np.ndarray, counts: np.ndarray, holder: np.ndarray
     def price(b: int, members: list[int]) -> int:
         if packed:
             lens = lengths[members]
-            return -1 if size[b] > 1 and int(lens.sum()) > max_tokens else int(cost.packed_scaled(lens).sum())
+            tokens = int(lens.sum())
+            over = tokens > max_tokens or (curve and tokens > int(table[int(lens.max())]))
+            return -1 if size[b] > 1 and over else int(cost.packed_scaled(lens).sum())
         top = max(int(lengths[i]) for i in members)
-        return -1 if size[b] > 1 and size[b] * top > max_tokens else int(cost.scaled(size[b], top))
+        over = size[b] * top > max_tokens or (curve and size[b] > int(table[top]))
+        return -1 if size[b] > 1 and over else int(cost.scaled(size[b], top))
 
     def balance(total_cost: int, costliest: int) -> float:
         # a step of zero-cost batches (every length 0) is balanced; a swap keeps its batches at cost 0

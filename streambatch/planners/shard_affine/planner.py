@@ -85,7 +85,7 @@ from ...core.plan import Plan, assemble
 from ...core.plan_time import epoch_time, packed_epoch_time
 from ...core.registry import get_planner
 from ..base import Planner
-from ..options import BUCKET_WIDTH, COST, COST_KINDS, DEFAULT_BUCKET_WIDTH, MAX_STEP_COST, MAX_STEPS, PACK
+from ..options import BUCKET_WIDTH, COST, COST_KINDS, DEFAULT_BUCKET_WIDTH, LIMIT, MAX_STEP_COST, MAX_STEPS, PACK
 from .holders import relax_to_holders, swap_to_holders, to_holders
 
 _U64 = 1 << 64
@@ -129,19 +129,22 @@ class AffineWindow:
 
 
 def sample_weights(lengths: np.ndarray, cost: Any, max_tokens: int, max_size: int, max_cost: int,
-                   world_size: int) -> np.ndarray:
+                   world_size: int, table: np.ndarray | None = None) -> np.ndarray:
     """(n,) int64 weight of each sample: its scaled cost alone, plus one
     (so zero-length samples still count), but at most the cost of a full
     batch at the window's W-th longest length (about the longest length
     every rank reaches). A longer outlier fills a step by itself whatever it
     costs; weighed in full, it would leave its rank short of other samples,
     so that rank would run out steps before the others. Integers, so that
-    every machine cuts a window at the same samples."""
+    every machine cuts a window at the same samples. table: the limit
+    curve's sizes per length (``BatchConstraint.size_table``), or None."""
     weights = cost.scaled(1, lengths)
     n = lengths.shape[0]
     if n > world_size:
         top = int(np.partition(lengths, n - world_size)[n - world_size])
         count = max(1, min(max_size, max_tokens // max(top, 1)))
+        if table is not None and table.shape[0]:
+            count = max(1, min(count, int(table[top])))
         while count > 1 and int(cost.scaled(count, top)) > max_cost:
             count -= 1
         np.minimum(weights, int(cost.scaled(count, top)), out=weights)
@@ -225,7 +228,7 @@ def plan_affine_window(carry_len: np.ndarray, carry_holder: np.ndarray, new_len:
     constraint = limits.bind(lengths, w)
     pooled = pooled_mask(lengths, limits.max_batch_tokens, w)
     weights = sample_weights(lengths, constraint.cost, constraint.max_tokens, constraint.max_size,
-                             constraint.max_cost, w)
+                             constraint.max_cost, w, constraint.size_table)
     weights[pooled] = 1
     carry_w = np.zeros(w, dtype=np.int64)
     np.add.at(carry_w, carry_holder, weights[:c])
@@ -316,7 +319,8 @@ def _plan_window(lengths: np.ndarray, weights: np.ndarray, pooled: np.ndarray, c
         if not constraint.pack:  # (its swaps keep each batch's longest, not its sum of lengths)
             x_samples = swap_to_holders(x_samples, x_counts, holder, lengths)
         x_samples = relax_to_holders(x_samples, x_counts, holder, lengths, constraint.cost, limits.max_batch_tokens,
-                                     constraint.max_cost, RELAX_TOL, constraint.pack)
+                                     constraint.max_cost, RELAX_TOL, constraint.pack,
+                                     constraint.token_table if constraint.pack else constraint.size_table)
         samples = np.concatenate([samples, x_samples])
         counts = np.concatenate([counts, x_counts])
         padded = extra.num_padded
@@ -341,8 +345,9 @@ def _walk(lengths: np.ndarray, order: np.ndarray, starts: np.ndarray, constraint
     w = starts.shape[0] - 1
     slen = lengths[order]
     walk = packed_affine_steps if constraint.pack else affine_steps
+    table = constraint.token_table if constraint.pack else constraint.size_table
     counts, k, pos = walk(slen, starts, constraint.max_tokens, constraint.max_size, *constraint.coefficients,
-                          constraint.max_cost, target_rank)
+                          constraint.max_cost, target_rank, table)
     counts = counts[:k]
     rest = order[np.concatenate([np.arange(pos[r], starts[r + 1]) for r in range(w)]).astype(np.int64)]
     # rank r's batches are consecutive slices of its segment of ``order``
@@ -391,7 +396,10 @@ def warm_up(limits: BatchLimits, world_size: int, bucket_width: float = DEFAULT_
     lengths = np.ones(2 * w + 1, dtype=np.int64)
     lengths[-1] = limits.max_batch_tokens
     none = np.zeros(0, dtype=np.int64)
-    plan_affine_window(none, none, lengths, limits, w, True, True, False, 0, bucket_width)
+    # without a limit curve: the kernels take its table with the same types either way, and the synthetic
+    # outlier (one budget long) would reach past the curve
+    plan_affine_window(none, none, lengths, dataclasses.replace(limits, limit=None), w, True, True, False, 0,
+                       bucket_width)
 
 
 def plan_shard_affine(lengths: np.ndarray, constraint: BatchConstraint, world_size: int, shuffle: bool,
@@ -426,7 +434,7 @@ def plan_shard_affine(lengths: np.ndarray, constraint: BatchConstraint, world_si
 STEP_SLACK = 10
 
 PLANNER = Planner(
-    "shard_affine", plan_shard_affine, options=(BUCKET_WIDTH, COST, MAX_STEP_COST, PACK, MAX_STEPS),
+    "shard_affine", plan_shard_affine, options=(BUCKET_WIDTH, COST, MAX_STEP_COST, PACK, MAX_STEPS, LIMIT),
     costs=COST_KINDS,
     summary="each rank trains a contiguous piece of the samples in their order (streaming's shard read mode)",
     takes_constraint=True, kernels="streambatch.planners.shard_affine.walk", step_slack=STEP_SLACK,

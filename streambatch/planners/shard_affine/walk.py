@@ -10,16 +10,27 @@ from __future__ import annotations
 import numpy as np
 
 from ...core.jit import njit  # numba's, with a cache that may fail to save (core/jit.py)
-from ..toolkit import _cost
+from ..toolkit import _cost, _over
 
 
 @njit(cache=True)
-def _fits(count, longest, max_tokens, max_size, max_cost, ca, cb):
-    return count <= max_size and count * longest <= max_tokens and _cost(ca, cb, count, longest) <= max_cost
+def _fits(count, longest, max_tokens, max_size, max_cost, ca, cb, tab):
+    """Within the size cap, budget, cost cap and the limit curve ``tab``
+    (``BatchConstraint.size_table``, or (0,): none)."""
+    return (count <= max_size and count * longest <= max_tokens and _cost(ca, cb, count, longest) <= max_cost
+            and not _over(tab, count, longest))
 
 
 @njit(cache=True)
-def affine_steps(slen, starts, max_tokens, max_size, ca, cb, max_cost, target_rank):
+def _packed_over(tok, slen, ttab, p, e):
+    """Whether the packed batch slen[p:e] (ascending: its longest is its last)
+    holds more tokens than the limit curve allows at its longest (``ttab``:
+    ``BatchConstraint.token_table``, or (0,): never)."""
+    return ttab.shape[0] > 0 and e - p > 1 and tok[e] - tok[p] > ttab[slen[e - 1]]
+
+
+@njit(cache=True)
+def affine_steps(slen, starts, max_tokens, max_size, ca, cb, max_cost, target_rank, tab):
     """Cut every rank's own samples into the same number of global steps.
 
     slen: (n,) int64 lengths, ascending within each rank's segment
@@ -46,6 +57,10 @@ def affine_steps(slen, starts, max_tokens, max_size, ca, cb, max_cost, target_ra
     allow; between, fewer steps than the balanced walk at some balance, for
     a window that walk would give more steps than its cap.
 
+    tab: (> max length,) int64 the limit curve's largest batch per padded
+    length (``BatchConstraint.size_table``), or (0,): none. It is
+    non-increasing, so a prefix of a batch within it is too.
+
     Returns (counts (k, W) int64, k, pos (W,) int64): pos[r] is where rank r
     stopped in its segment.
     """
@@ -69,7 +84,8 @@ def affine_steps(slen, starts, max_tokens, max_size, ca, cb, max_cost, target_ra
         for r in range(w):
             p = pos[r]
             e = p + 1  # the full batch: lengths ascend, so it stops at the first sample that does not fit
-            while e < starts[r + 1] and _fits(e + 1 - p, slen[e], max_tokens, max_size, max_cost, ca, cb):
+            while e < starts[r + 1] and _fits(e + 1 - p, slen[e], max_tokens, max_size, max_cost, ca, cb,
+                                                    tab):
                 e += 1
             full[r] = e
             fc[r] = _cost(ca, cb, e - p, slen[e - 1])
@@ -102,7 +118,7 @@ def affine_steps(slen, starts, max_tokens, max_size, ca, cb, max_cost, target_ra
 
 
 @njit(cache=True)
-def packed_affine_steps(slen, starts, max_tokens, max_size, ca, cb, max_cost, target_rank):
+def packed_affine_steps(slen, starts, max_tokens, max_size, ca, cb, max_cost, target_rank, ttab):
     """``affine_steps`` for packed batches: a batch's tokens are the sum of
     its lengths (no padding) and its cost the sum of its samples' costs.
 
@@ -120,6 +136,11 @@ def packed_affine_steps(slen, starts, max_tokens, max_size, ca, cb, max_cost, ta
     carry or to plan across ranks in the final window (1,715 samples vs 9;
     342 ranged reads vs 7), where prefixes leave the few longest. The walk
     stops when any rank has no sample left. target_rank: as ``affine_steps``.
+    ttab: (> max length,) int64 the limit curve as tokens per longest length
+    (``BatchConstraint.token_table``), or (0,): none. Whether a prefix keeps
+    within it need not grow or shrink with the prefix (a longer last sample
+    moves the limit), so the chosen prefix is shortened until it does (one
+    sample always does).
 
     Returns (counts (k, W) int64, k, pos (W,) int64) as ``affine_steps``.
     """
@@ -157,6 +178,8 @@ def packed_affine_steps(slen, starts, max_tokens, max_size, ca, cb, max_cost, ta
                     lo = mid
                 else:
                     hi = mid - 1
+            while _packed_over(tok, slen, ttab, p, lo):
+                lo -= 1
             full[r] = lo
             fc[r] = cst[lo] - cst[p]
             target = min(target, fc[r])
@@ -176,6 +199,8 @@ def packed_affine_steps(slen, starts, max_tokens, max_size, ca, cb, max_cost, ta
             e = lo
             if e < full[r] and (cst[e + 1] - cst[p]) - target < target - (cst[e] - cst[p]):
                 e += 1
+            while _packed_over(tok, slen, ttab, p, e):
+                e -= 1
             counts[k, r] = e - p
             pos[r] = e
         k += 1

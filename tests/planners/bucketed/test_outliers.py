@@ -17,6 +17,7 @@ from streambatch.cli.args import length_limit
 from streambatch.cli.outliers import find_outliers
 from streambatch.cli.plan import resolve_max_length
 from streambatch.cli.report import epoch_time_bound, plan_batches, quality
+from streambatch.core.constraint import NO_TABLE
 from streambatch.core.cost import CostModel
 from streambatch.epoch.read_modes import iter_windows
 from streambatch.epoch.windows import WindowConfig, summarize
@@ -177,7 +178,7 @@ def test_head_step_matches_a_naive_twin(slen, skip, w, tokens, size, code, q, ca
         cap = naive_cost(code, q, 1, slen[p])
     order = np.arange(len(slen), dtype=np.int32)
     arr = np.array(slen, dtype=np.int16)
-    chosen, used = head_step(order, arr, p, w, tokens, size, *coefficients(code, q), cap, long_only)
+    chosen, used = head_step(order, arr, p, w, tokens, size, NO_TABLE, *coefficients(code, q), cap, long_only)
     want = naive_head_step(slen, p, w, tokens, size, code, q, cap, long_only)
     if want is None:
         assert used == 0 and order.tolist() == list(range(len(slen)))
@@ -215,8 +216,8 @@ def test_sparse_layout_matches_a_naive_twin(slen, skip, w, tokens, size, code, q
         r = naive_time_rate(slen, p, end, sizes, longest, code, q)
         if r < rate:
             rate, best = r, (end, sizes, longest)
-    end, sizes, longest = sparse_layout(arr, p, w, tokens, size, *coefficients(code, q), top, lone, naive_time_rate(
-        slen, p, end0, sizes0, longest0, code, q))
+    end, sizes, longest = sparse_layout(arr, p, w, tokens, size, NO_TABLE, *coefficients(code, q), top, lone,
+                                        naive_time_rate(slen, p, end0, sizes0, longest0, code, q))
     assert end == best[0]
     if end >= 0:
         assert sizes.tolist() == best[1] and longest.tolist() == best[2]

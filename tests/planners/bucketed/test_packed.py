@@ -12,6 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from streambatch import CostModel, make_plan
+from streambatch.core.constraint import NO_TABLE
 from streambatch.epoch.elastic import plan_segments, step_samples
 from streambatch.planners import UnknownOptionError
 from streambatch.planners.bucketed.packed import rotate_ranks
@@ -26,8 +27,14 @@ I64_MAX = np.iinfo(np.int64).max
 
 
 def naive_pack(lengths: list[int], edges: list[int], w: int, tokens: int, cap: int, ca: int, cb: int,
-               max_cost: int, spread: bool):
-    """``pack_plan`` without shuffling, from its specification, with lists and linear scans."""
+               max_cost: int, spread: bool, curve=None):
+    """``pack_plan`` without shuffling, from its specification, with lists and linear scans. curve: a
+    ``LimitCurve``: a bin whose longest is L holds at most ``min(tokens, max(1, min(cap, curve(L))) * L)``
+    tokens, and a sample longer than the bin's longest that would break that closes the bin."""
+
+    def tokens_at(longest: int) -> int:
+        return tokens if curve is None else min(tokens, max(1, min(cap, int(curve.max_batch_size(longest))))
+                                                * longest)
 
     def cost(ln: int) -> int:
         return ln * (ca * ln + cb)
@@ -64,7 +71,7 @@ def naive_pack(lengths: list[int], edges: list[int], w: int, tokens: int, cap: i
             if not bins[b]:
                 q = full[-1]  # an empty bin takes the next sample of the longest bucket, whatever its length
             else:
-                room = tokens - t[b]  # the longest length within the token room and the cost cap (-1: none)
+                room = tokens_at(max(lengths[i] for i in bins[b])) - t[b]  # the longest within the token room
                 if max_cost < I64_MAX:
                     room = max([x for x in range(0, room + 1) if cost(x) <= max_cost - c[b]], default=-1)
                 q = None
@@ -81,6 +88,10 @@ def naive_pack(lengths: list[int], edges: list[int], w: int, tokens: int, cap: i
                             q = longest_fitting(full, int(room / min(float(cap - c_), tokens * rem / lt - c_)))
                     if q is None:
                         q = longest_fitting(full, room)
+                    if curve is not None and q is not None:
+                        nl, mx = lengths[queues[q][0]], max(lengths[i] for i in bins[b])
+                        if nl > mx and t[b] + nl > tokens_at(nl):
+                            q = None
                 if q is None:
                     shut[b] = True
                     continue
@@ -109,8 +120,9 @@ def test_kernel_matches_naive_twin(lengths, w, tokens, cap, coef, max_cost, widt
     table = np.empty(table_size(int(lengths.max()), n), dtype=np.int32)
     out = np.full(n + w, -1, dtype=np.int64)
     scratch = np.empty(n, dtype=np.int64)
-    counts, k, complete = pack_plan(lengths, edges, table, np.uint64(7), False, w, tokens, cap, *coef, cap_cost,
-                                    spread, np.empty(n, dtype=np.int64), np.empty(n, dtype=np.int64), out, scratch)
+    counts, k, complete = pack_plan(lengths, edges, table, np.uint64(7), False, w, tokens, cap, NO_TABLE, *coef,
+                                    cap_cost, spread, np.empty(n, dtype=np.int64), np.empty(n, dtype=np.int64), out,
+                                    scratch)
     want, want_counts, want_complete = naive_pack(lengths.tolist(), edges.tolist(), w, tokens, cap, *coef, cap_cost,
                                                   spread)
     assert counts[: k * w].reshape(k, w).tolist() == want_counts
@@ -254,3 +266,29 @@ def test_elastic_segments_train_every_sample_once(n, history, world, drop_last, 
     assert int((counts - 1).clip(0).sum()) <= sum(w - 1 for w, _ in segments) + world - 1
     real = np.add.reduceat(lengths[plan.samples], plan.offsets[:-1]) if plan.samples.size else []
     assert all(r <= 4000 or s == 1 for r, s in zip(real, np.diff(plan.offsets)))
+
+
+@settings(max_examples=examples(200), deadline=None)
+@given(st.lists(st.integers(0, 120), min_size=1, max_size=60), st.integers(1, 5), st.integers(1, 400),
+       st.integers(1, 12), st.sampled_from([(1, 0), (0, 1), (1, 30)]), st.floats(0.001, 1), st.floats(0, 1),
+       st.booleans(), st.lists(st.tuples(st.integers(1, 130), st.integers(0, 12)), min_size=1, max_size=4))
+def test_kernel_with_a_limit_curve_matches_naive_twin(lengths, w, tokens, cap, coef, width, phase, spread, points):
+    from streambatch.core.limits import LimitCurve
+
+    lengths = np.array(lengths, dtype=np.int64)
+    n = lengths.size
+    upper = sorted({u for u, _ in points})
+    curve = LimitCurve.from_table(upper, [b for _, b in points][: len(upper)])
+    lmax = int(lengths.max())
+    ttab = np.minimum(tokens, curve.size_table(lmax, cap) * np.arange(lmax + 1))  # BatchConstraint.token_table
+    edges = bucket_edges(lmax, width, phase)
+    table = np.empty(table_size(lmax, n), dtype=np.int32)
+    out = np.full(n + w, -1, dtype=np.int64)
+    counts, k, complete = pack_plan(lengths, edges, table, np.uint64(7), False, w, tokens, cap, ttab, *coef,
+                                    I64_MAX, spread, np.empty(n, dtype=np.int64), np.empty(n, dtype=np.int64), out,
+                                    np.empty(n, dtype=np.int64))
+    want, want_counts, want_complete = naive_pack(lengths.tolist(), edges.tolist(), w, tokens, cap, *coef, I64_MAX,
+                                                  spread, curve)
+    assert counts[: k * w].reshape(k, w).tolist() == want_counts
+    assert out[:n].tolist() == want
+    assert complete == want_complete
