@@ -86,18 +86,21 @@ class BatchLimits:
             return np.zeros(lengths.shape[0], dtype=bool)
         return lengths > self.max_length
 
-    def bind(self, lengths: np.ndarray, world_size: int, step_cap: int | None = None) -> BatchConstraint:
+    def bind(self, lengths: np.ndarray, world_size: int, step_cap: int | None = None,
+             carry: bool = False) -> BatchConstraint:
         """The constraint of one plan of ``lengths`` ((N,) int64 >= 0, checked)
         at ``world_size``: the budget clamped and range-checked once (a
         ValueError when step costs could overflow int64). step_cap: this
         plan's share of a larger plan's step limit (a streamed window's share
-        of its epoch's, ``epoch/step_budget.py``), in place of the limits'."""
+        of its epoch's, ``epoch/step_budget.py``), in place of the limits'.
+        carry: the plan's leftover is carried into a later plan (a streamed
+        window before the epoch's last; ``BatchConstraint.carry``)."""
         n = int(lengths.shape[0])
         max_len = int(lengths.max(initial=0))
         size = min(self.max_batch_size, max(n, 1))  # a cap above N never binds
         tokens = clamp_budget(self.max_batch_tokens, size, max_len)
         self.cost.check_range(max_len, tokens, size, world_size)
-        return BatchConstraint(self, world_size, max_len, tokens, size, step_cap)
+        return BatchConstraint(self, world_size, max_len, tokens, size, step_cap, carry)
 
     def fewest_steps(self, lengths: np.ndarray, world_size: int, drop_last: bool) -> int:
         """The fewest steps of ``lengths`` ((n,) int64 >= 0) under the rule as
@@ -123,6 +126,12 @@ class BatchConstraint:
     max_size: the size cap kernels work with, at most N (and >= 1).
     step_cap: this plan's share of a larger plan's step limit (``bind``'s),
         or None: the limits' own (``max_steps``, else the planner's bound).
+    carry: with ``drop_last``, what the plan leaves out is carried into a
+        later plan (a streamed window before the epoch's last), so a planner
+        may leave out all that cannot complete a step; False (an epoch's own
+        ``drop_last``): what it leaves out is not trained this epoch, so it
+        leaves out as little as it can, rotating it over epochs (the packed
+        planner: ``bucketed/packed_tail.py``).
     """
 
     limits: BatchLimits
@@ -131,6 +140,7 @@ class BatchConstraint:
     max_tokens: int
     max_size: int
     step_cap: int | None = None
+    carry: bool = False
 
     @property
     def cost(self) -> CostModel:

@@ -139,7 +139,7 @@ def plan_windows(inputs: Iterator[WindowInput], config: WindowConfig, epoch: int
             drop = config.drop_last if last else True
             plan = plan_epoch(lengths, config, 0, world_size=world(), drop_last=drop,
                               seed=piece_seed(config.seed, epoch, win.index, piece),
-                              step_cap=budget.cap(lengths, world(), drop))
+                              step_cap=budget.cap(lengths, world(), drop), carry=not last)
             if source_of is not None:
                 from .interleave import interleave_steps  # lazy for start-up: no numba before the first plan
 

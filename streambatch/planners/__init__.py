@@ -75,20 +75,22 @@ def make_plan(lengths: LengthsLike, max_batch_tokens: NumberLike | PlanConfig, m
 
 
 def plan_epoch(lengths: np.ndarray, config: PlanConfig, epoch: int, *, world_size: int | None = None,
-               seed: int | None = None, drop_last: bool | None = None, step_cap: int | None = None) -> Plan:
+               seed: int | None = None, drop_last: bool | None = None, step_cap: int | None = None,
+               carry: bool = False) -> Plan:
     """Plan one epoch from checked input: lengths (N,) int64 >= 0 (as
     ``coerce_lengths`` returns them), a built ``PlanConfig`` (its options
     resolved once), an int epoch. ``world_size``, ``seed`` and ``drop_last``
     override the config's (a streaming window, an elastic segment: checked
     values); ``step_cap``, the plan's share of a larger plan's step limit (a
-    streamed window's share of its epoch's: ``epoch/step_budget.py``). The batch rule is bound to
+    streamed window's share of its epoch's: ``epoch/step_budget.py``); ``carry``, the plan's leftover is
+    carried into the next window (``BatchConstraint.carry``). The batch rule is bound to
     these lengths once, here (``BatchLimits.bind``: the one budget clamp and
     overflow guard). The plan reports the fewest steps its settings allow
     (``Plan.fewest_steps``)."""
     c = config
     p = PLANNERS[c.options_planner]
     w = c.world_size if world_size is None else world_size
-    constraint = c.limits.bind(lengths, w, step_cap)
+    constraint = c.limits.bind(lengths, w, step_cap, carry)
     # one log line before a first compile, which takes a minute on a small machine
     notice_if_cold(p.kernels)
     return p.run(lengths, constraint, w, c.shuffle, c.drop_last if drop_last is None else drop_last,
