@@ -16,10 +16,10 @@ a bounded planner plans the epoch with ``epoch_drop_last``:
    sample stays within every limit, a lone sample is always a valid batch): nothing is left out;
 3. over the limit, or too few batches hold two samples (nearly every batch a lone sample: a size cap of 1,
    samples over half the budget): the epoch is planned with ``drop_last`` and r samples are left out, but
-   which ones rotates (``rotate``): the planned samples come in the order of a permutation fixed by the seed,
-   shifted by ``epoch * r``, and each takes a left-out sample in its place where its batch still fits the
-   rule (the longest left-out sample that does: the batch check is monotone in its length), so each epoch
-   leaves out the next samples of that cycle instead of the same ones.
+   which ones rotates (``rotate``): the samples come in the order of a permutation fixed by the seed, shifted
+   by ``epoch * r``; a left-out sample met stays out, a planned one takes a left-out sample in its place where
+   its batch still fits the rule (the longest that does: the batch check is monotone in its length) and goes
+   out instead, until r are out. Each epoch so leaves out the next samples of that cycle, not the same ones.
 
 Without shuffling nothing rotates (a plan does not depend on seed or epoch). The seed-exact greedy planner
 keeps the seed's rule (its final step is dropped when a rank's batch is empty; its shuffled order rotates what
@@ -102,9 +102,11 @@ def unpad(plan: Plan) -> Plan | None:
 
 
 def rotate(plan: Plan, lengths: np.ndarray, constraint: BatchConstraint, rotation: tuple[int, int]) -> Plan:
-    """Step 3 of the module docstring: the planned samples, in the seed's cyclic order from ``epoch * r`` on,
-    each take the longest left-out sample their batch still fits with; those they replace are left out
-    instead. plan: made with ``drop_last`` (no padding), r = ``num_dropped`` > 0."""
+    """Step 3 of the module docstring. The samples, in the seed's cyclic order from ``epoch * r`` on, are
+    walked until the r left out are chosen: a left-out sample met stays out; a planned one takes the longest
+    left-out sample still waiting that its batch fits with, and goes out in its place. Where every batch
+    takes any sample (lone batches) the r left out are the next r of the cycle, epoch after epoch.
+    plan: made with ``drop_last`` (no padding), r = ``num_dropped`` > 0."""
     key, epoch = rotation
     n = lengths.shape[0]
     left = plan.leftover.astype(np.int64)
@@ -112,15 +114,23 @@ def rotate(plan: Plan, lengths: np.ndarray, constraint: BatchConstraint, rotatio
     rank = np.empty(n, dtype=np.int64)
     rank[np.random.Generator(np.random.PCG64(key)).permutation(n)] = np.arange(n, dtype=np.int64)
     samples = plan.samples.copy()
-    # planned positions in the cycle's order (the first few: each takes a left-out sample unless its batch
-    # fits none, which only a batch full of the budget already can)
-    pos = np.argsort((rank[samples] - epoch * r) % n, kind="stable")[: SCAN_PER_SAMPLE * r + SCAN_MIN]
+    where = np.full(n, -1, dtype=np.int64)  # each planned sample's position in ``samples`` (-1: left out)
+    where[samples] = np.arange(samples.shape[0], dtype=np.int64)
+    # the cycle from the epoch's offset (its first few: the walk ends once r are chosen, unless batches that
+    # fit no waiting sample, full of the budget already, hold it up)
+    cycle = np.argsort((rank - epoch * r) % n, kind="stable")[: SCAN_PER_SAMPLE * r + SCAN_MIN]
     batch_of = np.repeat(np.arange(plan.offsets.shape[0] - 1, dtype=np.int64), np.diff(plan.offsets))
-    waiting = left[np.argsort(lengths[left], kind="stable")].tolist()  # ascending: bisected below
+    waiting = sorted(left.tolist(), key=lambda d: (int(lengths[d]), d))  # ascending: bisected below
     out = []
-    for p in pos.tolist():
+    for x in cycle.tolist():
         if not waiting:
             break
+        p = int(where[x])
+        if p < 0:  # left out by the plan, met in the cycle: it stays out
+            if x in waiting:
+                waiting.remove(x)
+                out.append(x)
+            continue
         b = int(batch_of[p])
         lo_b, hi_b = int(plan.offsets[b]), int(plan.offsets[b + 1])
         trial = samples[lo_b:hi_b].astype(np.int64)
@@ -134,7 +144,7 @@ def rotate(plan: Plan, lengths: np.ndarray, constraint: BatchConstraint, rotatio
             else:
                 hi = mid
         if lo:
-            out.append(int(samples[p]))
+            out.append(x)
             samples[p] = waiting.pop(lo - 1)
     leftover = np.array(out + waiting, dtype=plan.samples.dtype)
     return dataclasses.replace(plan, samples=samples, num_dropped=int(leftover.shape[0]), leftover=leftover)
