@@ -3,9 +3,10 @@
 Two objects, one per moment a setting becomes known:
 
 - ``BatchLimits``: the rule as set — token budget, size cap, cost model, cost cap, packing, the
-  long-sample policy, and the plan's step limit (``max_steps``, or the planner's bound
-  ``step_slack``: at most ``fewest + fewest // step_slack + 1`` steps) with the default per-step
-  term (``step_share``) a planner weighs candidate plans by — checked once per configuration
+  long-sample limit and policy (``max_length``, ``long_samples``), and the plan's step limit
+  (``max_steps``, or the planner's bound ``step_slack``: at most ``fewest + fewest // step_slack + 1``
+  steps) with the default per-step term (``step_share``) a planner weighs candidate plans by — checked
+  once per configuration
   (``PlanConfig.limits``: the planner's options resolved once). It knows nothing of lengths.
 - ``BatchConstraint``: the limits bound to one plan's lengths and world (``BatchLimits.bind``), built
   once per plan by the epoch layer and passed down to the planner, whose kernels take its numbers:
@@ -33,6 +34,7 @@ import numpy as np
 
 from .bounds import STEP_SLACK_DIV, StepBound, fewest_batches, fewest_steps, step_bound, step_limit
 from .cost import INT64_MAX, CostModel, clamp_budget
+from .long_samples import DEFAULT_POLICY
 
 # The default per-step term: a step costs this share of a full batch's cost at the median length on top of its
 # costliest batch (optimizer, gradient all-reduce, launches); what candidate plans are weighed by when the cost
@@ -50,9 +52,12 @@ class BatchLimits:
     cost: the ``CostModel`` ranks are balanced under.
     max_step_cost: cap on a batch's cost, in cost units (None: none).
     pack: batches are packed (concatenated, no padding).
-    max_length: the long-sample policy: longer samples are left out of
-        every plan and counted (None: no limit). A lone sample over the
-        budget is never left out: it is a batch of its own.
+    max_length: the long-sample limit: longer samples are left out of
+        every plan and counted (None: no limit).
+    long_samples: the long-sample policy (``core/long_samples.py``):
+        ``"warn"`` (a lone sample over the budget is a batch of its own,
+        warned about), ``"drop"`` (it is left out too, ``too_long``) or
+        ``"raise"`` (checked by the entry points).
     max_steps: the most steps a plan may take (the ``max_steps`` option;
         None: the planner's bound, ``step_slack``).
     step_slack: the planner's bound: a plan takes at most ``fewest +
@@ -71,6 +76,7 @@ class BatchLimits:
     max_step_cost: float | None = None
     pack: bool = False
     max_length: int | None = None
+    long_samples: str = DEFAULT_POLICY
     max_steps: int | None = None
     step_slack: int | None = STEP_SLACK_DIV
     step_share: float = STEP_SHARE
@@ -80,11 +86,18 @@ class BatchLimits:
         # raises, naming the value, when no batch can fit under the cap
         object.__setattr__(self, "max_cost", self.cost.cost_cap(self.max_step_cost))
 
+    @property
+    def leaves_out(self) -> bool:
+        """Whether the long-sample policy may leave samples out (``max_length`` set, or ``"drop"``)."""
+        return self.max_length is not None or self.long_samples == "drop"
+
     def too_long(self, lengths: np.ndarray) -> np.ndarray:
-        """(n,) bool: the samples the long-sample policy leaves out."""
-        if self.max_length is None:
-            return np.zeros(lengths.shape[0], dtype=bool)
-        return lengths > self.max_length
+        """(n,) bool: the samples the long-sample policy leaves out: longer than ``max_length`` and, with
+        ``long_samples="drop"``, than the budget alone."""
+        out = np.zeros(lengths.shape[0], dtype=bool) if self.max_length is None else lengths > self.max_length
+        if self.long_samples == "drop":
+            out |= lengths > self.max_batch_tokens
+        return out
 
     def bind(self, lengths: np.ndarray, world_size: int, step_cap: int | None = None,
              carry: bool = False) -> BatchConstraint:

@@ -207,7 +207,7 @@ def _affine_window(new: WindowInput, config: WindowConfig, w: int, epoch: int, s
     new_len = np.asarray(new.lengths, dtype=np.int64)
     kept = np.arange(new_len.shape[0], dtype=np.int64)
     over = 0
-    if config.max_length is not None:
+    if config.limits.leaves_out:
         kept = np.flatnonzero(~config.limits.too_long(new_len))  # the long-sample policy
         over = int(new_len.shape[0] - kept.shape[0])
     unheld = carry_holder == UNHELD

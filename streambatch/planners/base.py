@@ -51,6 +51,7 @@ import numpy as np
 from ..core.bounds import STEP_SLACK_DIV
 from ..core.constraint import BatchConstraint, BatchLimits
 from ..core.cost import ALL_KINDS, CostModel
+from ..core.long_samples import DEFAULT_POLICY
 from ..core.plan import Plan
 
 PACK_OPTION = "pack"  # the option name that switches a planner to packed batches (``Planner.packs``)
@@ -208,11 +209,12 @@ class Planner:
         return cost if isinstance(cost, CostModel) else CostModel(self.costs[0])
 
     def limits(self, max_batch_tokens: int, max_batch_size: int, resolved: Mapping[str, Any],
-               max_length: int | None = None) -> BatchLimits:
+               max_length: int | None = None, long_samples: str = DEFAULT_POLICY) -> BatchLimits:
         """The batch rule of plans with these (resolved) options (and the
-        planner's step bound, ``step_slack``)."""
+        planner's step bound, ``step_slack``; the long-sample limit and policy)."""
         names = self.option_names()
         step_cap = resolved.get("max_step_cost") if "max_step_cost" in names else None
         max_steps = resolved.get(MAX_STEPS_OPTION) if MAX_STEPS_OPTION in names else None
         return BatchLimits(max_batch_tokens, max_batch_size, self.cost_model(resolved), step_cap,
-                           self.packs(resolved), max_length, max_steps=max_steps, step_slack=self.step_slack)
+                           self.packs(resolved), max_length, long_samples, max_steps=max_steps,
+                           step_slack=self.step_slack)

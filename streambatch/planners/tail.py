@@ -15,7 +15,8 @@ a bounded planner plans the epoch with ``epoch_drop_last``:
    sample of a batch holding two or more, from the plan's last step backwards (``unpad``: a batch losing a
    sample stays within every limit, a lone sample is always a valid batch): nothing is left out;
 3. over the limit, or too few batches hold two samples (nearly every batch a lone sample: a size cap of 1,
-   samples over half the budget): the epoch is planned with ``drop_last`` and r samples are left out, but
+   samples over half the budget): the epoch is planned with ``drop_last`` (or, where that leaves out more,
+   the plan of step 1 without its padded final step) and r samples are left out, but
    which ones rotates (``rotate``): the samples come in the order of a permutation fixed by the seed, shifted
    by ``epoch * r``; a left-out sample met stays out, a planned one takes a left-out sample in its place where
    its batch still fits the rule (the longest that does: the batch check is monotone in its length) and goes
@@ -52,14 +53,30 @@ def epoch_drop_last(lengths: np.ndarray, constraint: BatchConstraint, plan: Call
     bound = constraint.step_bound(lengths, True)
     limit = constraint.step_limit(bound.steps)
     full = plan(False, limit)
-    if limit is None or full.num_steps <= limit:
+    within = limit is None or full.num_steps <= limit
+    if within:
         kept = full if full.num_padded == 0 else unpad(full)
         if kept is not None:
             return dataclasses.replace(kept, fewest_steps=bound.steps, fewest_exact=bound.exact)
     dropped = plan(True, constraint.step_cap)
+    if within and full.num_steps > 1:  # or the plan without its padded final step, if that leaves out fewer
+        cut = without_last_step(full)
+        if cut.num_dropped < dropped.num_dropped:
+            dropped = dataclasses.replace(cut, fewest_steps=dropped.fewest_steps, fewest_exact=dropped.fewest_exact)
     if rotation is None or not dropped.num_dropped or not dropped.num_steps:
         return dropped
     return rotate(dropped, lengths, constraint, rotation)
+
+
+def without_last_step(plan: Plan) -> Plan:
+    """A padded plan with its last planned step (the padded one) left out: its samples (each once) become the
+    leftover."""
+    w, k = plan.world_size, plan.num_steps
+    end = int(plan.offsets[(k - 1) * w])
+    left = np.unique(plan.samples[end:])
+    order = plan.step_order[plan.step_order != k - 1]
+    return dataclasses.replace(plan, samples=plan.samples[:end], offsets=plan.offsets[: (k - 1) * w + 1],
+                               step_order=order, num_padded=0, num_dropped=int(left.shape[0]), leftover=left)
 
 
 def unpad(plan: Plan) -> Plan | None:
