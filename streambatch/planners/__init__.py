@@ -74,8 +74,9 @@ def make_plan(lengths: LengthsLike, max_batch_tokens: NumberLike | PlanConfig, m
     if isinstance(max_batch_tokens, PlanConfig):
         if options or long_samples != DEFAULT_POLICY:
             given = sorted(options) + (["long_samples"] if long_samples != DEFAULT_POLICY else [])
-            raise TypeError(f"make_plan(lengths, config) takes the planner options and long_samples from the "
-                            f"config, got {given} too; use config.replace(planner_options=..., long_samples=...)")
+            raise TypeError(f"make_plan(lengths, config) takes the planner options from the config (and "
+                            f"long_samples from the config too), got {given} too; use "
+                            f"config.replace(planner_options=..., long_samples=...)")
         config = max_batch_tokens
     else:
         config = PlanConfig.build(max_batch_tokens, max_batch_size, world_size, shuffle, drop_last, seed,

@@ -91,7 +91,7 @@ def test_the_policy_is_in_the_batch_rule_and_the_key_only_where_it_changes_plans
     assert warn.fingerprint(LENGTHS) != drop.fingerprint(LENGTHS)
     raised = PlanConfig.build(BUDGET, 32, 4, long_samples="raise")
     assert raised.key() == PlanConfig.build(BUDGET, 32, 4).key()  # refuses, never plans otherwise
-    with pytest.raises(TypeError, match="long_samples from the config"):
+    with pytest.raises(TypeError, match="long_samples from the config too"):
         make_plan(LENGTHS, warn, long_samples="drop")
     assert make_plan(LENGTHS, drop).num_too_long == 5  # the config's policy
 
