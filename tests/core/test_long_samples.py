@@ -99,7 +99,7 @@ def test_the_policy_is_in_the_batch_rule_and_the_key_only_where_it_changes_plans
 def test_seed_exact_greedy_stays_the_seed_with_over_budget_samples():
     """The default seed-exact planner: the same batches as the seed sampler (padded), the warning aside."""
     for w in (1, 4):
-        sampler, said = recorded(lambda: DynamicBatchSampler(LENGTHS, BUDGET, 32, rank=0, world_size=w))
+        sampler, said = recorded(lambda w=w: DynamicBatchSampler(LENGTHS, BUDGET, 32, rank=0, world_size=w))
         assert len(said) == 1
         plan = sampler.plan
         mine = [[plan.rank_batches(r)[i] for i in range(plan.num_steps)] for r in range(w)]
