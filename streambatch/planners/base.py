@@ -24,6 +24,12 @@ them for every registered planner):
   with ``drop_last=True`` the samples it does not plan are returned in
   ``Plan.leftover`` (``num_dropped == len(leftover)``) — streaming carries
   them into the next window, so a planner that drops silently loses data;
+- with ``drop_last=True`` and shuffling, over 8 epochs every sample is
+  trained at least once: what an epoch's own ``drop_last`` leaves out is
+  only what cannot give every rank a non-empty batch, rotated from epoch to
+  epoch (the bounded planners: ``tail.epoch_drop_last``, unless the
+  constraint is ``carry``: a streamed window's leftover, carried on; the
+  seed-exact greedy planner by its shuffled order);
 - no batch holds more than ``max_batch_size`` samples or more than
   ``max_batch_tokens`` padded tokens (count x longest), except a lone sample
   longer than the budget; a planner that packs (``Planner.packs``: its

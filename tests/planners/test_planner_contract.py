@@ -406,7 +406,9 @@ def untrained(lengths: np.ndarray, epochs: int = 8, packed: bool = False, **kw) 
 
 
 @pytest.mark.parametrize("name, options", CONFIGS, ids=IDS)
-@settings(max_examples=examples(100), deadline=None)
+# derandomized: the seed-exact greedy planner holds the property by its shuffled order (a sample of 3 at W = 2, cap 1,
+# is its dropped one in 8 epochs with probability 3**-8); the bounded planners by their rotation, whatever the draw
+@settings(max_examples=examples(100), deadline=None, derandomize=True)
 # 10 samples that fit one batch at W = 2: the bucketed planner (padded) left all 10 out of every epoch
 @example(lengths=np.full(10, 10, dtype=np.int64), tokens=1000, size=64, world=2, seed=0)
 # 87 samples, W = 8: the padded planner left out the same 3 longest every epoch (one step of 84 planned)
