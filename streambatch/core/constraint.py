@@ -143,8 +143,9 @@ class BatchConstraint:
         later plan (a streamed window before the epoch's last), so a planner
         may leave out all that cannot complete a step; False (an epoch's own
         ``drop_last``): what it leaves out is not trained this epoch, so it
-        leaves out as little as it can, rotating it over epochs (the packed
-        planner: ``bucketed/packed_tail.py``).
+        leaves out as little as it can, rotating it over epochs
+        (``planners/tail.py``; the plans ``epoch_drop_last`` weighs are made
+        with ``carry``: the planner's own rule).
     """
 
     limits: BatchLimits

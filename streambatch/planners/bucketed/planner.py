@@ -135,12 +135,15 @@ def plan_bucketed(lengths: np.ndarray, constraint: BatchConstraint, world_size: 
     ``pack`` plans packed batches: ``packed.py``; its ``step_limit``, the
     most steps the plan may take: ``step_limit.py``). Returns a Plan whose
     steps all have W non-empty batches, reporting the fewest steps
-    (``Plan.fewest_steps``); with ``drop_last`` the tail that cannot
-    complete a step is left out and returned as ``leftover``.
+    (``Plan.fewest_steps``); with ``drop_last`` what is left out is returned
+    as ``leftover``: the tail that cannot complete a step where the
+    constraint is ``carry`` (a streamed window's, carried on), else only
+    what cannot give every rank a batch, rotated (``tail.epoch_drop_last``).
     """
     if drop_last and not constraint.carry and lengths.shape[0]:
         # an epoch's own drop_last (not a streamed window's, carried on): as little left out as the step
-        # limit allows, rotated over epochs by a permutation of the samples fixed by the seed alone (tail.py)
+        # limit allows, rotated over epochs by a permutation of the samples fixed by the seed alone (tail.py);
+        # the plans it weighs are this planner's own rule (carry: what cannot complete a step is left out)
         rotation = (int(subkey(plan_key(seed, 0), 7)), epoch) if shuffle else None
         return epoch_drop_last(lengths, constraint, lambda drop, cap: plan_bucketed(
             lengths, dataclasses.replace(constraint, carry=True, step_cap=cap), world_size, shuffle, drop, seed, epoch,
