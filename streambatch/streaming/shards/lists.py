@@ -187,8 +187,12 @@ def check_samples(catalog: Catalog, max_length: int | None, long_samples: str, b
             too_long(catalog.lengths(i), max_length, long_samples, where=f" of shard {scrub_url(url)}",
                      budget=budget)
     elif budget is not None:
-        big = [x[(x > budget) & (x <= (max_length if max_length is not None else x.max()))]
-               for x in (np.asarray(catalog.lengths(i)) for i in range(len(catalog.urls))) if x.size]
-        warn_over_budget(np.concatenate(big) if big else np.zeros(0, dtype=np.int64), budget, long_samples,
-                         "StreamingBatches: ", stacklevel=4)
+        every = getattr(catalog, "all_lengths", None)  # every shard's lengths in one array (a Catalog's)
+        if every is None:
+            every = np.concatenate([catalog.lengths(i) for i in range(len(catalog.urls))])
+        every = np.asarray(every, dtype=np.int64)
+        big = every[every > budget]
+        if max_length is not None:  # those over max_length are left out anyway, and logged as such
+            big = big[big <= max_length]
+        warn_over_budget(big, budget, long_samples, "StreamingBatches: ", stacklevel=4)
 
