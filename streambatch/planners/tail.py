@@ -16,11 +16,12 @@ a bounded planner plans the epoch with ``epoch_drop_last``:
    sample stays within every limit, a lone sample is always a valid batch): nothing is left out;
 3. over the limit, or too few batches hold two samples (nearly every batch a lone sample: a size cap of 1,
    samples over half the budget): the epoch is planned with ``drop_last`` (or, where that leaves out more,
-   the plan of step 1 without its padded final step) and r samples are left out, but
-   which ones rotates (``rotate``): the samples come in the order of a permutation fixed by the seed, shifted
-   by ``epoch * r``; a left-out sample met stays out, a planned one takes a left-out sample in its place where
-   its batch still fits the rule (the longest that does: the batch check is monotone in its length) and goes
-   out instead, until r are out. Each epoch so leaves out the next samples of that cycle, not the same ones.
+   the plan of step 1 without its padded final step) and r samples are left out, but which ones rotates
+   (``rotate``): the samples come in the order of a permutation fixed by the seed, shifted by ``epoch * r``;
+   a left-out sample met stays out, a planned one takes a left-out sample in its place where its batch still
+   fits the rule (of those that fit, the one the cycle meets last; the batch check is monotone in the
+   sample's length, so those that fit are found by bisection) and goes out instead, until r are out. Each
+   epoch so leaves out the next samples of that cycle, not the same ones.
 
 Without shuffling nothing rotates (a plan does not depend on seed or epoch). The seed-exact greedy planner
 keeps the seed's rule (its final step is dropped when a rank's batch is empty; its shuffled order rotates what
@@ -120,9 +121,10 @@ def unpad(plan: Plan) -> Plan | None:
 
 def rotate(plan: Plan, lengths: np.ndarray, constraint: BatchConstraint, rotation: tuple[int, int]) -> Plan:
     """Step 3 of the module docstring. The samples, in the seed's cyclic order from ``epoch * r`` on, are
-    walked until the r left out are chosen: a left-out sample met stays out; a planned one takes the longest
-    left-out sample still waiting that its batch fits with, and goes out in its place. Where every batch
-    takes any sample (lone batches) the r left out are the next r of the cycle, epoch after epoch.
+    walked until the r left out are chosen: a left-out sample met stays out; a planned one takes, of the
+    left-out samples still waiting that its batch fits with, the one the cycle meets last, and goes out in
+    its place. Where every batch takes any sample (lone batches) the r left out are the next r of the cycle,
+    epoch after epoch.
     plan: made with ``drop_last`` (no padding), r = ``num_dropped`` > 0."""
     key, epoch = rotation
     n = lengths.shape[0]
@@ -135,7 +137,8 @@ def rotate(plan: Plan, lengths: np.ndarray, constraint: BatchConstraint, rotatio
     where[samples] = np.arange(samples.shape[0], dtype=np.int64)
     # the cycle from the epoch's offset (its first few: the walk ends once r are chosen, unless batches that
     # fit no waiting sample, full of the budget already, hold it up)
-    cycle = np.argsort((rank - epoch * r) % n, kind="stable")[: SCAN_PER_SAMPLE * r + SCAN_MIN]
+    key_of = (rank - epoch * r) % n  # each sample's place in this epoch's cycle
+    cycle = np.argsort(key_of, kind="stable")[: SCAN_PER_SAMPLE * r + SCAN_MIN]
     batch_of = np.repeat(np.arange(plan.offsets.shape[0] - 1, dtype=np.int64), np.diff(plan.offsets))
     waiting = sorted(left.tolist(), key=lambda d: (int(lengths[d]), d))  # ascending: bisected below
     out = []
@@ -160,8 +163,9 @@ def rotate(plan: Plan, lengths: np.ndarray, constraint: BatchConstraint, rotatio
                 lo = mid + 1
             else:
                 hi = mid
-        if lo:
+        if lo:  # of those that fit, the one the cycle meets last: the next ones stay out until met
+            j = max(range(lo), key=lambda q: key_of[waiting[q]])
             out.append(x)
-            samples[p] = waiting.pop(lo - 1)
+            samples[p] = waiting.pop(j)
     leftover = np.array(out + waiting, dtype=plan.samples.dtype)
     return dataclasses.replace(plan, samples=samples, num_dropped=int(leftover.shape[0]), leftover=leftover)

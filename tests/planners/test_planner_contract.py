@@ -494,3 +494,42 @@ def test_every_sample_trained_property_broad(name, options, lengths, factor, siz
     never = untrained(lengths, max_batch_tokens=tokens, max_batch_size=size, world_size=world, seed=seed,
                       planner=name, packed=bool(options), **options)
     assert never.size == 0, f"{never.size} of {lengths.size} never trained"
+
+
+@pytest.mark.parametrize("name", ["bucketed", "shard_affine"])
+def test_what_cannot_fill_a_step_rotates_through_the_seed_cycle(name):
+    """Where every batch is a lone sample (cap 1) and N = W + r, r samples must be left out each epoch: the next r
+    of a cycle fixed by the seed, so consecutive epochs leave out disjoint sets and every sample is trained within
+    two epochs. Without shuffling the same samples are left out (a plan depends on neither seed nor epoch)."""
+    lengths = np.arange(1, 12, dtype=np.int64)  # 11 samples, W = 6: one step, 5 left out
+    out = [set(make_plan(lengths, 100, 1, 6, drop_last=True, seed=5, epoch=e, planner=name).leftover.tolist())
+           for e in range(8)]
+    assert all(len(o) == 5 for o in out)
+    assert all(not (a & b) for a, b in zip(out, out[1:]))  # disjoint, epoch after epoch
+    fixed = {frozenset(make_plan(lengths, 100, 1, 6, shuffle=False, drop_last=True, seed=s, epoch=e,
+                                 planner=name).leftover.tolist()) for s, e in ((0, 0), (5, 3))}
+    assert len(fixed) == 1
+
+
+def test_unpad_borrows_instead_of_repeating():
+    """A final step of fewer than W samples takes, for its empty batches, the last sample of batches of two or
+    more (not a repeat): every sample once, every rank a batch, nothing left out."""
+    from streambatch.core.plan import assemble, finish_last_step
+    from streambatch.planners.tail import unpad
+
+    def padded_plan(counts: list[list[int]]):
+        counts = np.array(counts, dtype=np.int64)
+        n = int(counts.sum())
+        buf = np.concatenate([np.arange(n), np.zeros(counts.shape[1], dtype=np.int64)])
+        samples, counts, pads, _ = finish_last_step(buf, counts, n, False)
+        return assemble(samples, counts, np.arange(counts.shape[0]), counts.shape[1], pads), n
+
+    lengths = np.full(16, 10, dtype=np.int64)
+    plan, n = padded_plan([[3, 2, 3, 1], [4, 1, 0, 0]])  # the final step: two empty ranks, padded
+    assert plan.num_padded == 2
+    kept = unpad(plan)
+    check_plan(kept, lengths[:n], 1000, 4, 4, True)
+    assert kept.num_steps == 2 and sorted(kept.samples.tolist()) == list(range(n)) and kept.num_dropped == 0
+    assert kept.batch_sizes().tolist() == [[3, 2, 3, 1], [2, 1, 1, 1]]  # lent by the final step's batch of 4
+    lone, _ = padded_plan([[1, 1, 1, 1], [1, 0, 0, 0]])
+    assert lone.num_padded == 3 and unpad(lone) is None  # every batch a lone sample: nothing to borrow
