@@ -121,11 +121,11 @@ def unpad(plan: Plan) -> Plan | None:
 
 def rotate(plan: Plan, lengths: np.ndarray, constraint: BatchConstraint, rotation: tuple[int, int]) -> Plan:
     """Step 3 of the module docstring. The samples, in the seed's cyclic order from ``epoch * r`` on, are
-    walked until the r left out are chosen: a left-out sample met stays out; a planned one takes, of the
-    left-out samples still waiting that its batch fits with, the one the cycle meets last, and goes out in
-    its place. Where every batch takes any sample (lone batches) the r left out are the next r of the cycle,
-    epoch after epoch.
-    plan: made with ``drop_last`` (no padding), r = ``num_dropped`` > 0."""
+    walked until the r left out are chosen: a left-out sample met stays out; a planned one takes the left-out
+    sample still waiting that the cycle meets last if its batch fits with it, else the longest waiting one
+    it fits with, and goes out in its place. Where every batch takes any sample (lone batches) the r left
+    out are the next r of the cycle, epoch after epoch.
+    plan: made with ``drop_last`` (no padding), r = ``num_dropped`` > 0. About O(r log r) batch checks."""
     key, epoch = rotation
     n = lengths.shape[0]
     left = plan.leftover.astype(np.int64)
@@ -140,32 +140,62 @@ def rotate(plan: Plan, lengths: np.ndarray, constraint: BatchConstraint, rotatio
     key_of = (rank - epoch * r) % n  # each sample's place in this epoch's cycle
     cycle = np.argsort(key_of, kind="stable")[: SCAN_PER_SAMPLE * r + SCAN_MIN]
     batch_of = np.repeat(np.arange(plan.offsets.shape[0] - 1, dtype=np.int64), np.diff(plan.offsets))
-    waiting = sorted(left.tolist(), key=lambda d: (int(lengths[d]), d))  # ascending: bisected below
-    out = []
+    # the waiting samples two ways: by length (ascending: a batch fits a prefix of them) and by the cycle's
+    # order, met last first; taken ones are skipped (by_len through a union-find to the previous untaken)
+    by_len = left[np.lexsort((left, lengths[left]))].tolist()
+    by_key = left[np.argsort(-key_of[left], kind="stable")].tolist()
+    slot = {d: k for k, d in enumerate(by_len)}
+    taken = [False] * r
+    below = list(range(-1, r - 1))  # below[k]: the slot to look at next when slot k is taken
+
+    def untaken_at_or_below(k: int) -> int:
+        path = []
+        while k >= 0 and taken[k]:
+            path.append(k)
+            k = below[k]
+        for q in path:  # every slot between k and q is taken (for good): q points at k now
+            below[q] = k
+        return k
+
+    def take(d: int) -> None:
+        taken[slot[d]] = True
+
+    top = 0  # by_key's first untaken
+    out: list[int] = []
+    left_count = r
     for x in cycle.tolist():
-        if not waiting:
+        if not left_count:
             break
         p = int(where[x])
         if p < 0:  # left out by the plan, met in the cycle: it stays out
-            if x in waiting:
-                waiting.remove(x)
+            if not taken[slot[x]]:
+                take(x)
                 out.append(x)
+                left_count -= 1
             continue
+        while taken[slot[by_key[top]]]:
+            top += 1
         b = int(batch_of[p])
         lo_b, hi_b = int(plan.offsets[b]), int(plan.offsets[b + 1])
         trial = samples[lo_b:hi_b].astype(np.int64)
         i = p - lo_b
-        lo, hi = 0, len(waiting)  # waiting[:lo] fit, waiting[hi:] do not
-        while lo < hi:
-            mid = (lo + hi) // 2
-            trial[i] = waiting[mid]
-            if constraint.fits(lengths[trial]):
-                lo = mid + 1
-            else:
-                hi = mid
-        if lo:  # of those that fit, the one the cycle meets last: the next ones stay out until met
-            j = max(range(lo), key=lambda q: key_of[waiting[q]])
-            out.append(x)
-            samples[p] = waiting.pop(j)
-    leftover = np.array(out + waiting, dtype=plan.samples.dtype)
+        trial[i] = d = by_key[top]
+        if not constraint.fits(lengths[trial]):
+            lo, hi = 0, r  # by_len[:lo] fit, by_len[hi:] do not (taken or not: the check is on lengths)
+            while lo < hi:
+                mid = (lo + hi) // 2
+                trial[i] = by_len[mid]
+                if constraint.fits(lengths[trial]):
+                    lo = mid + 1
+                else:
+                    hi = mid
+            k = untaken_at_or_below(lo - 1)
+            if k < 0:
+                continue  # this batch fits no waiting sample
+            d = by_len[k]
+        take(d)
+        out.append(x)
+        samples[p] = d
+        left_count -= 1
+    leftover = np.array(out + [d for d in by_len if not taken[slot[d]]], dtype=plan.samples.dtype)
     return dataclasses.replace(plan, samples=samples, num_dropped=int(leftover.shape[0]), leftover=leftover)
