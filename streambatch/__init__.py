@@ -29,6 +29,7 @@ _LAZY = {
     "decode_audio": ".streaming",
     "GlobalBatchSampler": ".integrations.accelerate",
     "seconds_to_frames": ".core.units",
+    "LongSampleWarning": ".core.long_samples",
     "MemoryModel": ".core.memory",
     "LimitCurve": ".core.limits",
     "PreflightError": ".torch_glue.preflight",

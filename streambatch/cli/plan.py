@@ -13,6 +13,7 @@ import os
 import re
 import sys
 import time
+import warnings
 from typing import Any
 
 import numpy as np
@@ -132,6 +133,15 @@ def load_mix(args: argparse.Namespace) -> tuple[np.ndarray, str, float | None, A
 
 
 def run_plan(args: argparse.Namespace) -> int:
+    from ..core.long_samples import LongSampleWarning
+
+    # samples over the budget are reported ("over budget N batches"), not warned about plan by plan
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", LongSampleWarning)
+        return _run_plan(args)
+
+
+def _run_plan(args: argparse.Namespace) -> int:
     from ..core.config import PlanConfig
     from ..core.long_samples import check_max_length, too_long
     from ..epoch.in_memory import InMemory
@@ -165,7 +175,7 @@ def run_plan(args: argparse.Namespace) -> int:
         options["limit"] = curve
         config = config.replace(planner_options=options)
     limit = resolve_max_length(args.max_length, fps)
-    over = too_long(lengths, *check_max_length(limit, args.long_samples))
+    over = too_long(lengths, *check_max_length(limit, args.long_samples), budget=args.max_batch_tokens)
     # A mix plans the epoch's draw (its indices address all sources' lengths): long samples are left out of
     # it by index. One input: they are removed, as before.
     keep = np.delete(np.arange(lengths.size), over) if over.size and mix is not None else None
@@ -238,8 +248,10 @@ def run_plan(args: argparse.Namespace) -> int:
         print(f"{total:,} samples from {source}")
         if over.size:
             whose = " of the sources' samples are" if mix is not None else ""
-            print(f"  {over.size:,}{whose} longer than --max-length {args.max_length} ({limit:,}) left out: "
-                  f"{held.size:,} planned")
+            than = [f"--max-length {args.max_length} ({limit:,})"] if limit is not None else []
+            if args.long_samples == "drop":
+                than.append(f"--max-batch-tokens ({args.max_batch_tokens:,}, --long-samples drop)")
+            print(f"  {over.size:,}{whose} longer than {' or '.join(than)} left out: {held.size:,} planned")
         print(f"  planner {args.planner}{opts}, max_batch_tokens {args.max_batch_tokens:,}, max_batch_size "
               f"{args.max_batch_size}, world size {args.world_size}, seed {args.seed}, epoch {args.epoch}")
         print(f"  planned in {seconds:.3f} s ({held.size / max(seconds, 1e-9) / 1e6:.1f}M samples/s, warm)")
@@ -381,8 +393,10 @@ def add_parser(sub: Any, planners: list[str], seed_exact: str) -> None:
     pl.add_argument("--max-length", type=length_limit, metavar="L",
                     help="leave out samples longer than this: length units (1500) or seconds (30s, needs the "
                          "frame rate)")
-    pl.add_argument("--long-samples", choices=("drop", "raise"), default="drop",
-                    help="with --max-length: drop longer samples (counted) or fail on them")
+    pl.add_argument("--long-samples", choices=("warn", "drop", "raise"), default="warn",
+                    help="samples longer than --max-length are left out (counted); samples longer than the budget "
+                         "alone are planned alone and reported ('warn', default), left out too ('drop') or an "
+                         "error ('raise')")
     pl.add_argument("--limit", metavar="FILE", help="a hard limit per padded length beside the budget: a limit "
                     "curve (LimitCurve.save), a `streambatch calibrate --memory` file, or a NeMo/lhotse bucket "
                     "profile (seconds with --frames-per-second); planners bucketed and shard_affine")

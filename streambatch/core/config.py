@@ -21,6 +21,7 @@ import numpy as np
 from .constraint import BatchLimits
 from .keywords import misspelled
 from .limits import LimitCurve
+from .long_samples import DEFAULT_POLICY, check_long_samples
 from .plan import config_fingerprint
 from .registry import check_planner, get_planner
 from .state import MAX_EPOCH
@@ -46,6 +47,8 @@ class PlanConfig:
 
     planner_options: the planner's keyword options as sorted (name, value)
     pairs (hashable; ``options`` gives them as a dict).
+    long_samples: the long-sample policy (``core/long_samples.py``:
+    ``"warn"``, ``"drop"``, ``"raise"``), in the batch rule (``limits``).
     """
 
     max_batch_tokens: int
@@ -56,11 +59,13 @@ class PlanConfig:
     seed: int = 42
     planner: str = "greedy"
     planner_options: tuple[tuple[str, Any], ...] = ()
+    long_samples: str = DEFAULT_POLICY
 
     @classmethod
     def build(cls: type[C], max_batch_tokens: NumberLike, max_batch_size: IntLike = 64, world_size: IntLike = 1,
               shuffle: FlagLike = True, drop_last: FlagLike = False, seed: IntLike = 42, planner: str = "greedy",
-              planner_options: Mapping[str, Any] | None = None, **extra: Any) -> C:
+              planner_options: Mapping[str, Any] | None = None, long_samples: str = DEFAULT_POLICY,
+              **extra: Any) -> C:
         """Validate and coerce every setting (TypeError/ValueError naming the
         bad one). ``extra`` holds a subclass's own settings."""
         if planner_options is None:
@@ -89,6 +94,7 @@ class PlanConfig:
             seed=check_seed(seed),
             planner=name,
             planner_options=tuple(sorted(given.items())),
+            long_samples=check_long_samples(long_samples),
             **cls._check_extra(**extra),
         )
         object.__setattr__(config, "_resolved", resolved)  # resolved once: what resolved_options returns
@@ -133,7 +139,8 @@ class PlanConfig:
         if got is None:
             # max_length: a WindowConfig's long-sample limit (a PlanConfig has none)
             got = get_planner(self.options_planner).limits(self.max_batch_tokens, self.max_batch_size,
-                                                           self.resolved_options, getattr(self, "max_length", None))
+                                                           self.resolved_options, getattr(self, "max_length", None),
+                                                           self.long_samples)
             object.__setattr__(self, "_limits", got)
         return got
 
@@ -149,8 +156,10 @@ class PlanConfig:
         the repr of a sorted list) is the sampler's version-1 scheme, so its
         old states still load. A limit curve enters as its ``digest`` (its
         repr shows only a few breakpoints): plans under other curves differ."""
-        return (self.max_batch_tokens, self.max_batch_size, self.shuffle, self.drop_last, self.world_size,
-                self.seed, self.planner, options_repr(self.planner_options))
+        key = (self.max_batch_tokens, self.max_batch_size, self.shuffle, self.drop_last, self.world_size,
+               self.seed, self.planner, options_repr(self.planner_options))
+        # the long-sample policy only where it changes plans ("drop"), so that earlier states still load
+        return key + ("long_samples", self.long_samples) if self.long_samples == "drop" else key
 
     def fingerprint(self, data: np.ndarray | str) -> int:
         """The one fingerprint scheme of saved states and cross-rank checks:
@@ -165,6 +174,8 @@ class PlanConfig:
         dict, so a mismatch can be reported setting by setting."""
         out = asdict(self)
         out["planner_options"] = options_repr(self.planner_options)
+        if self.long_samples == DEFAULT_POLICY:  # as in key(): states saved before the policy existed compare alike
+            del out["long_samples"]
         return out
 
 

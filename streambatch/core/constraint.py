@@ -3,9 +3,10 @@
 Two objects, one per moment a setting becomes known:
 
 - ``BatchLimits``: the rule as set — token budget, size cap, cost model, cost cap, packing, the
-  long-sample policy, and the plan's step limit (``max_steps``, or the planner's bound
-  ``step_slack``: at most ``fewest + fewest // step_slack + 1`` steps) with the default per-step
-  term (``step_share``) a planner weighs candidate plans by — checked once per configuration
+  long-sample limit and policy (``max_length``, ``long_samples``), and the plan's step limit
+  (``max_steps``, or the planner's bound ``step_slack``: at most ``fewest + fewest // step_slack + 1``
+  steps) with the default per-step term (``step_share``) a planner weighs candidate plans by — checked
+  once per configuration
   (``PlanConfig.limits``: the planner's options resolved once). It knows nothing of lengths.
 - ``BatchConstraint``: the limits bound to one plan's lengths and world (``BatchLimits.bind``), built
   once per plan by the epoch layer and passed down to the planner, whose kernels take its numbers:
@@ -44,6 +45,7 @@ import numpy as np
 
 from .bounds import STEP_SLACK_DIV, StepBound, fewest_batches, fewest_steps, step_bound, step_limit
 from .cost import INT64_MAX, CostModel, clamp_budget
+from .long_samples import DEFAULT_POLICY
 
 # The default per-step term: a step costs this share of a full batch's cost at the median length on top of its
 # costliest batch (optimizer, gradient all-reduce, launches); what candidate plans are weighed by when the cost
@@ -61,9 +63,12 @@ class BatchLimits:
     cost: the ``CostModel`` ranks are balanced under.
     max_step_cost: cap on a batch's cost, in cost units (None: none).
     pack: batches are packed (concatenated, no padding).
-    max_length: the long-sample policy: longer samples are left out of
-        every plan and counted (None: no limit). A lone sample over the
-        budget is never left out: it is a batch of its own.
+    max_length: the long-sample limit: longer samples are left out of
+        every plan and counted (None: no limit).
+    long_samples: the long-sample policy (``core/long_samples.py``):
+        ``"warn"`` (a lone sample over the budget is a batch of its own,
+        warned about), ``"drop"`` (it is left out too, ``too_long``) or
+        ``"raise"`` (checked by the entry points).
     max_steps: the most steps a plan may take (the ``max_steps`` option;
         None: the planner's bound, ``step_slack``).
     step_slack: the planner's bound: a plan takes at most ``fewest +
@@ -84,6 +89,7 @@ class BatchLimits:
     max_step_cost: float | None = None
     pack: bool = False
     max_length: int | None = None
+    long_samples: str = DEFAULT_POLICY
     max_steps: int | None = None
     step_slack: int | None = STEP_SLACK_DIV
     step_share: float = STEP_SHARE
@@ -94,18 +100,28 @@ class BatchLimits:
         # raises, naming the value, when no batch can fit under the cap
         object.__setattr__(self, "max_cost", self.cost.cost_cap(self.max_step_cost))
 
-    def too_long(self, lengths: np.ndarray) -> np.ndarray:
-        """(n,) bool: the samples the long-sample policy leaves out."""
-        if self.max_length is None:
-            return np.zeros(lengths.shape[0], dtype=bool)
-        return lengths > self.max_length
+    @property
+    def leaves_out(self) -> bool:
+        """Whether the long-sample policy may leave samples out (``max_length`` set, or ``"drop"``)."""
+        return self.max_length is not None or self.long_samples == "drop"
 
-    def bind(self, lengths: np.ndarray, world_size: int, step_cap: int | None = None) -> BatchConstraint:
+    def too_long(self, lengths: np.ndarray) -> np.ndarray:
+        """(n,) bool: the samples the long-sample policy leaves out: longer than ``max_length`` and, with
+        ``long_samples="drop"``, than the budget alone."""
+        out = np.zeros(lengths.shape[0], dtype=bool) if self.max_length is None else lengths > self.max_length
+        if self.long_samples == "drop":
+            out |= lengths > self.max_batch_tokens
+        return out
+
+    def bind(self, lengths: np.ndarray, world_size: int, step_cap: int | None = None,
+             carry: bool = False) -> BatchConstraint:
         """The constraint of one plan of ``lengths`` ((N,) int64 >= 0, checked)
         at ``world_size``: the budget clamped and range-checked once (a
         ValueError when step costs could overflow int64). step_cap: this
         plan's share of a larger plan's step limit (a streamed window's share
-        of its epoch's, ``epoch/step_budget.py``), in place of the limits'."""
+        of its epoch's, ``epoch/step_budget.py``), in place of the limits'.
+        carry: the plan's leftover is carried into a later plan (a streamed
+        window before the epoch's last; ``BatchConstraint.carry``)."""
         n = int(lengths.shape[0])
         max_len = int(lengths.max(initial=0))
         size = min(self.max_batch_size, max(n, 1))  # a cap above N never binds
@@ -114,7 +130,7 @@ class BatchLimits:
         table = NO_TABLE if self.limit is None else self.limit.size_table(max_len, size)
         if self.limit is not None and max_len > self.limit.max_length:
             over_curve_warning(self.limit)
-        return BatchConstraint(self, world_size, max_len, tokens, size, step_cap, table)
+        return BatchConstraint(self, world_size, max_len, tokens, size, step_cap, table, carry)
 
     def fewest_steps(self, lengths: np.ndarray, world_size: int, drop_last: bool) -> int:
         """The fewest steps of ``lengths`` ((n,) int64 >= 0) under the rule as
@@ -158,6 +174,13 @@ class BatchConstraint:
         or None: the limits' own (``max_steps``, else the planner's bound).
     size_table: (max_len + 1,) int64 the largest batch at each padded length
         (the curve, within [1, max_size], non-increasing), or (0,): no curve.
+    carry: with ``drop_last``, what the plan leaves out is carried into a
+        later plan (a streamed window before the epoch's last), so a planner
+        may leave out all that cannot complete a step; False (an epoch's own
+        ``drop_last``): what it leaves out is not trained this epoch, so it
+        leaves out as little as it can, rotating it over epochs
+        (``planners/tail.py``; the plans ``epoch_drop_last`` weighs are made
+        with ``carry``: the planner's own rule).
     """
 
     limits: BatchLimits
@@ -185,6 +208,7 @@ class BatchConstraint:
             got = np.minimum(self.max_tokens, self.size_table * L)
             object.__setattr__(self, "_token_table", got)
         return got
+    carry: bool = False
 
     @property
     def cost(self) -> CostModel:

@@ -26,6 +26,9 @@ class Plan:
         settings can have (``core/bounds.py``; None when not computed, e.g. a
         truncated plan); exact for padded batches, a lower bound for packed
         ones (``fewest_exact`` False).
+    too_long: (k,) int64 samples the long-sample policy left out of the plan
+        (``make_plan(..., long_samples="drop")``: longer than the budget
+        alone), None when none were.
     """
 
     samples: np.ndarray
@@ -37,6 +40,12 @@ class Plan:
     leftover: np.ndarray | None = None
     fewest_steps: int | None = None
     fewest_exact: bool = True
+    too_long: np.ndarray | None = None
+
+    @property
+    def num_too_long(self) -> int:
+        """Samples the long-sample policy left out (``too_long``; ``make_plan(long_samples="drop")``)."""
+        return 0 if self.too_long is None else int(self.too_long.shape[0])
 
     @property
     def num_steps(self) -> int:

@@ -161,7 +161,11 @@ class EpochPlan:
             summary = summarize_windows(self.windows(epoch, segments), self.samples_per_epoch, epoch, self.config,
                                         sum(k for _, k in segments))
             if summary.too_long and not self._summaries:  # once per dataset, not per epoch
-                log.warning("StreamingBatches: %d of %d samples are longer than max_length=%d and are left out",
-                            summary.too_long, self.catalog.num_samples, self.config.limits.max_length)
+                rule = self.config.limits
+                over = [f"max_length={rule.max_length}"] if rule.max_length is not None else []
+                if rule.long_samples == "drop":
+                    over.append(f"max_batch_tokens={rule.max_batch_tokens} (long_samples='drop')")
+                log.warning("StreamingBatches: %d of %d samples are longer than %s and are left out",
+                            summary.too_long, self.catalog.num_samples, " or ".join(over))
             self._summaries[key] = summary
         return self._summaries[key]

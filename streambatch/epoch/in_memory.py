@@ -18,6 +18,7 @@ from collections.abc import Iterator
 import numpy as np
 
 from ..core.config import PlanConfig
+from ..core.long_samples import DEFAULT_POLICY
 from ..core.mix import Mix
 from ..core.plan import Plan, config_fingerprint
 from ..planners import plan_epoch
@@ -40,7 +41,7 @@ class InMemory:
     mix: Mix | None = None
     keep: np.ndarray | None = None
     max_length: int | None = None
-    long_samples: str = "drop"
+    long_samples: str = DEFAULT_POLICY
 
     @property
     def samples_per_epoch(self) -> int:

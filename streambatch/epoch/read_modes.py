@@ -108,6 +108,6 @@ def iter_windows(counts: np.ndarray, load_lengths: Callable[[int], np.ndarray], 
     spread over every window would each set the time of a step of their own
     window (on Common Voice Pashto at W = 64, 20,000-sample windows without
     holding plan a 1.8x longer epoch than the whole corpus at once).
-    Samples longer than ``config.max_length`` are left out and counted.
+    Samples the long-sample policy leaves out (``config.limits.too_long``) are left out and counted.
     """
     yield from READ_MODES[config.read_mode].plain(counts, load_lengths, config, epoch)

@@ -92,7 +92,8 @@ def plan_windows(inputs: Iterator[WindowInput], config: WindowConfig, epoch: int
     alone, so outliers spread over every window would each set the time of a
     step of their own window (on Common Voice Pashto at W = 64, 20,000-sample
     windows without holding plan a 1.8x longer epoch than the whole corpus
-    at once). Samples longer than ``config.max_length`` are left out and
+    at once). Samples the long-sample policy leaves out (``config.limits.too_long``: over ``max_length``,
+    or over the budget with ``long_samples="drop"``) are left out and
     counted (``Window.too_long``).
     """
     none = np.zeros(0, dtype=np.int64)
@@ -112,7 +113,7 @@ def plan_windows(inputs: Iterator[WindowInput], config: WindowConfig, epoch: int
         # Sidecar lengths are new input each window: checked here (cheap), the config once at construction.
         lengths = coerce_lengths(np.concatenate([carry_len, win.lengths]))
         over = 0
-        if config.max_length is not None:
+        if config.limits.leaves_out:
             keep = ~config.limits.too_long(lengths)  # the long-sample policy; carried samples were kept already
             over = int(keep.size - np.count_nonzero(keep))
             if over:
@@ -139,7 +140,7 @@ def plan_windows(inputs: Iterator[WindowInput], config: WindowConfig, epoch: int
             drop = config.drop_last if last else True
             plan = plan_epoch(lengths, config, 0, world_size=world(), drop_last=drop,
                               seed=piece_seed(config.seed, epoch, win.index, piece),
-                              step_cap=budget.cap(lengths, world(), drop))
+                              step_cap=budget.cap(lengths, world(), drop), carry=not last)
             if source_of is not None:
                 from .interleave import interleave_steps  # lazy for start-up: no numba before the first plan
 

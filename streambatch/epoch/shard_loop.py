@@ -162,7 +162,7 @@ def plan_affine(next_input: Callable[[int], WindowInput | None], config: WindowC
                 budget.reset()
                 drop = config.drop_last if last else True
                 plan = mixed(_across_ranks(lengths, config, world(), drop, piece_seed(config.seed, epoch, j, piece),
-                                           budget.cap(lengths, world(), drop)), ids)
+                                           budget.cap(lengths, world(), drop), carry=not last), ids)
                 if seg_end is None or step + plan.num_steps <= seg_end:
                     break
                 cut = seg_end - step  # another resize inside the replanned rest
@@ -207,7 +207,7 @@ def _affine_window(new: WindowInput, config: WindowConfig, w: int, epoch: int, s
     new_len = np.asarray(new.lengths, dtype=np.int64)
     kept = np.arange(new_len.shape[0], dtype=np.int64)
     over = 0
-    if config.max_length is not None:
+    if config.limits.leaves_out:
         kept = np.flatnonzero(~config.limits.too_long(new_len))  # the long-sample policy
         over = int(new_len.shape[0] - kept.shape[0])
     unheld = carry_holder == UNHELD
@@ -249,12 +249,13 @@ def _affine_window(new: WindowInput, config: WindowConfig, w: int, epoch: int, s
 
 
 def _across_ranks(lengths: np.ndarray, config: WindowConfig, w: int, drop_last: bool, seed: int,
-                  step_cap: int | None) -> Plan:
+                  step_cap: int | None, carry: bool = False) -> Plan:
     """The untrained rest of a window cut by a resize, planned across all ranks of the new world (as sample
     mode plans a window) by ``CROSS_RANK_PLANNER``, under the configuration's batch rule and options, within
-    ``step_cap`` (its share of the epoch's step limit at the new world)."""
+    ``step_cap`` (its share of the epoch's step limit at the new world); ``carry``: its leftover goes on to the
+    next window."""
     planner = get_planner(CROSS_RANK_PLANNER)
-    return planner.run(lengths, config.limits.bind(lengths, w, step_cap), w, config.shuffle, drop_last, seed, 0,
+    return planner.run(lengths, config.limits.bind(lengths, w, step_cap, carry), w, config.shuffle, drop_last, seed, 0,
                        config.resolved_options)
 
 

@@ -38,7 +38,7 @@ import numpy as np
 
 from ..core.bounds import LengthCounts
 from ..core.config import PlanConfig
-from ..core.long_samples import check_max_length
+from ..core.long_samples import DEFAULT_POLICY, check_max_length
 from ..core.mix import Mix
 from ..core.plan import Plan
 from ..core.validation import check_int
@@ -83,9 +83,9 @@ class WindowConfig(PlanConfig):
     def __init__(self, max_batch_tokens: int, max_batch_size: int, world_size: int, window_samples: int,
                  shuffle: bool, drop_last: bool, seed: int, planner: str = RECOMMENDED,
                  planner_options: tuple[tuple[str, Any], ...] = (), read_mode: str = "sample",
-                 max_length: int | None = None) -> None:
+                 max_length: int | None = None, long_samples: str = DEFAULT_POLICY) -> None:
         super().__init__(max_batch_tokens, max_batch_size, world_size, shuffle, drop_last, seed, planner,
-                         planner_options)
+                         planner_options, long_samples)
         object.__setattr__(self, "window_samples", window_samples)
         object.__setattr__(self, "read_mode", read_mode)
         object.__setattr__(self, "max_length", max_length)
@@ -125,7 +125,8 @@ class Window:
         None in memory).
     local: (n,) int64 index of that sample within its shard's sidecar (None in memory).
     first_step: epoch step index of the window's first step.
-    too_long: samples of the window's shards longer than ``max_length``, not planned.
+    too_long: samples of the window's shards the long-sample policy leaves out (longer than
+        ``max_length``, or the budget with ``long_samples="drop"``), not planned.
     lengths: (n,) int64 planning length of each sample (the epoch summary's fewest steps).
     holder: shard mode only: (n,) int64 rank that streams (or carried in)
         each sample; every rank's batches hold only its own samples, except
@@ -193,8 +194,8 @@ class EpochSummary:
     """One epoch of one world layout: ``steps`` per rank (= ``len(ds)``),
     ``samples`` distinct samples trained on, ``padded`` repeats added to fill
     the final step, ``dropped`` samples left out (``drop_last=True``),
-    ``window_steps`` steps per window, ``too_long`` samples longer than
-    ``max_length`` left out (not in ``samples``), ``fewest_steps`` the fewest
+    ``window_steps`` steps per window, ``too_long`` samples the long-sample
+    policy left out (not in ``samples``), ``fewest_steps`` the fewest
     steps any plan of the epoch's samples can take at this world size
     (``core/bounds.py``; after an elastic resize, the steps trained before it
     plus the fewest of the rest; packed: a lower bound)."""

@@ -24,6 +24,12 @@ them for every registered planner):
   with ``drop_last=True`` the samples it does not plan are returned in
   ``Plan.leftover`` (``num_dropped == len(leftover)``) — streaming carries
   them into the next window, so a planner that drops silently loses data;
+- with ``drop_last=True`` and shuffling, over 8 epochs every sample is
+  trained at least once: what an epoch's own ``drop_last`` leaves out is
+  only what cannot give every rank a non-empty batch, rotated from epoch to
+  epoch (the bounded planners: ``tail.epoch_drop_last``, unless the
+  constraint is ``carry``: a streamed window's leftover, carried on; the
+  seed-exact greedy planner by its shuffled order);
 - no batch holds more than ``max_batch_size`` samples or more than
   ``max_batch_tokens`` padded tokens (count x longest), except a lone sample
   longer than the budget; a planner that packs (``Planner.packs``: its
@@ -56,6 +62,7 @@ from ..core.bounds import STEP_SLACK_DIV
 from ..core.constraint import BatchConstraint, BatchLimits
 from ..core.cost import ALL_KINDS, CostModel
 from ..core.keywords import misspelled
+from ..core.long_samples import DEFAULT_POLICY
 from ..core.plan import Plan
 
 PACK_OPTION = "pack"  # the option name that switches a planner to packed batches (``Planner.packs``)
@@ -220,13 +227,13 @@ class Planner:
         return cost if isinstance(cost, CostModel) else CostModel(self.costs[0])
 
     def limits(self, max_batch_tokens: int, max_batch_size: int, resolved: Mapping[str, Any],
-               max_length: int | None = None) -> BatchLimits:
+               max_length: int | None = None, long_samples: str = DEFAULT_POLICY) -> BatchLimits:
         """The batch rule of plans with these (resolved) options (and the
-        planner's step bound, ``step_slack``)."""
+        planner's step bound, ``step_slack``; the long-sample limit and policy)."""
         names = self.option_names()
         step_cap = resolved.get("max_step_cost") if "max_step_cost" in names else None
         max_steps = resolved.get(MAX_STEPS_OPTION) if MAX_STEPS_OPTION in names else None
         limit = resolved.get(LIMIT_OPTION) if LIMIT_OPTION in names else None
         return BatchLimits(max_batch_tokens, max_batch_size, self.cost_model(resolved), step_cap,
-                           self.packs(resolved), max_length, max_steps=max_steps, step_slack=self.step_slack,
-                           limit=limit)
+                           self.packs(resolved), max_length, long_samples, max_steps=max_steps,
+                           step_slack=self.step_slack, limit=limit)

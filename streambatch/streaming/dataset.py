@@ -68,7 +68,11 @@ class StreamingBatches(IterableDataset):
     rank, world_size: default to ``torch.distributed`` when initialised, else 0/1 (an error when a launcher started
         several processes, or with ``rank=None`` and ``world_size > 1``).
     max_length, long_samples: samples longer than ``max_length`` (sidecar length units) are never planned nor read
-        (``"drop"``: counted in ``num_too_long``, logged) or make the constructor raise naming the shard (``"raise"``).
+        (counted in ``num_too_long``, logged). Samples longer than the budget alone: ``"warn"`` (default) plans
+        each alone, over the budget, with one ``LongSampleWarning`` per dataset (at construction, in each
+        process that builds it: every rank once) giving their count, the longest and the fix; ``"drop"``
+        leaves them out too (counted, warned); ``"raise"`` makes the constructor raise for either kind, naming
+        the shard (``core/long_samples.py``).
     verify: under torch.distributed with world_size > 1, all ranks check at construction (and in a main-process
         ``load_state_dict``) that they built the same dataset and resume alike; ``"full"`` also re-hashes every
         shard against its indexed digest; remote shards are checked against their indexed size and ETag unless False
@@ -97,7 +101,7 @@ class StreamingBatches(IterableDataset):
                  max_batch_size: IntLike = 64, *, shuffle: FlagLike = True, drop_last: FlagLike = False,
                  rank: IntLike | None = None, world_size: IntLike | None = None, seed: IntLike = 42,
                  planner: str = RECOMMENDED, verify: bool | str = True, max_length: IntLike | None = None,
-                 long_samples: str = "drop", window_samples: IntLike | None = None, read_mode: str | None = None,
+                 long_samples: str = "warn", window_samples: IntLike | None = None, read_mode: str | None = None,
                  samples_per_epoch: IntLike | None = None, format: str | None = None,
                  index: IndexSettings | None = None, remote: RemoteSettings | None = None,
                  output: OutputSettings | None = None,
@@ -130,8 +134,8 @@ class StreamingBatches(IterableDataset):
             mode = resolve_mode(read_mode, lambda: lists.all_local(o.remote))  # the read mode's strategy, once
             window = mode.default_window(world) if window_samples is None else window_samples
             self.config = WindowConfig.build(max_batch_tokens, max_batch_size, world, shuffle, drop_last, seed,
-                                             planner, planner_options, window_samples=window, read_mode=mode.name,
-                                             max_length=max_length)
+                                             planner, planner_options, long_samples, window_samples=window,
+                                             read_mode=mode.name, max_length=max_length)
             mode.warm_up(self.config, world)  # DataLoader workers forked later inherit the loaded planner
         except Exception as exc:  # re-raised below, after every rank has heard of it
             failure = exc
@@ -154,7 +158,9 @@ class StreamingBatches(IterableDataset):
                                                    self.config.window_samples, mode.rank_share)
                 self.plan = EpochPlan.over_shards(self.catalog, self.sources, self.config, mode, window_samples is None)
                 self.fingerprint = self.plan.fingerprint_at(world)
-                check_samples(self.catalog, self.config.max_length, long_samples)
+                # raises under "raise"; one LongSampleWarning per dataset (per process: each rank builds one,
+                # DataLoader workers copy it) for samples over the budget, planned alone or left out
+                check_samples(self.catalog, self.config.max_length, long_samples, self.config.max_batch_tokens)
             except Exception as exc:
                 failure = exc
         if failure is not None:

@@ -15,7 +15,7 @@ from torch.utils.data import Sampler
 
 from ..core.config import PlanConfig, check_epoch
 from ..core.keywords import REQUIRED
-from ..core.long_samples import check_max_length, too_long
+from ..core.long_samples import check_max_length, too_long, warn_over_budget
 from ..core.mix import Mix, specs_from
 from ..core.plan import Plan, RankBatches
 from ..core.redact import logger
@@ -59,10 +59,14 @@ class DynamicBatchSampler(SamplerStateMixin, Sampler[list[int]]):
             if any rank failed to build its plan) instead of hanging. These
             calls are then collectives: make them on every rank.
         max_length, long_samples: samples longer than ``max_length`` (length
-            units) are left out of every batch (``long_samples="drop"``,
-            counted in ``num_too_long`` and logged; ``len(dataset)`` is
-            unchanged, their indices just never appear) or make the
-            constructor raise (``"raise"``). None (default): no limit.
+            units; None, default: no limit) are left out of every batch
+            (counted in ``num_too_long`` and logged; ``len(dataset)`` is
+            unchanged, their indices just never appear). Samples longer than
+            the budget alone: ``long_samples="warn"`` (default) plans each
+            alone, over the budget, with one ``LongSampleWarning`` (their
+            count, the longest, the fix); ``"drop"`` leaves them out too
+            (counted in ``num_too_long``, warned); ``"raise"`` makes the
+            constructor raise for either kind (``core/long_samples.py``).
         mix: a ``Mix`` of sources concatenated in ``lengths`` (built by
             ``DynamicBatchSampler.mixed``); each epoch then plans the mix's
             draw (see ``streambatch.core.mix``) instead of every sample once.
@@ -72,7 +76,7 @@ class DynamicBatchSampler(SamplerStateMixin, Sampler[list[int]]):
     def __init__(self, lengths: LengthsLike, max_batch_tokens: NumberLike = REQUIRED, max_batch_size: IntLike = 64,
                  shuffle: FlagLike = True, drop_last: FlagLike = False, rank: IntLike | None = SEED_RANK,
                  world_size: IntLike | None = SEED_WORLD, seed: IntLike = 42, *, planner: str = "greedy",
-                 verify: FlagLike = True, max_length: IntLike | None = None, long_samples: str = "drop",
+                 verify: FlagLike = True, max_length: IntLike | None = None, long_samples: str = "warn",
                  mix: Mix | None = None, **planner_options: Any) -> None:
         failure: BaseException | None = None
         plan: Plan | None = None
@@ -84,17 +88,24 @@ class DynamicBatchSampler(SamplerStateMixin, Sampler[list[int]]):
             self.rank, world = resolve_world(rank, world_size)
             if rank is SEED_RANK and world_size is SEED_WORLD:
                 warn_seed_defaults(self)
-            self.config = PlanConfig.build(max_batch_tokens, max_batch_size, world, shuffle, drop_last, seed,
-                                           planner, planner_options)
-            self.lengths = coerce_lengths(lengths)
             self.max_length, self.long_samples = check_max_length(max_length, long_samples)
-            over = too_long(self.lengths, self.max_length, self.long_samples)
+            self.config = PlanConfig.build(max_batch_tokens, max_batch_size, world, shuffle, drop_last, seed,
+                                           planner, planner_options, long_samples=self.long_samples)
+            self.lengths = coerce_lengths(lengths)
+            budget = self.config.max_batch_tokens
+            over = too_long(self.lengths, self.max_length, self.long_samples, budget=budget)
             # Planned sample i is dataset index _kept[i]; None: every sample is planned.
             self._kept = np.delete(np.arange(self.lengths.size), over) if over.size else None
             self.num_too_long = int(over.size)
-            if over.size:
-                log.warning("DynamicBatchSampler: %d of %d samples are longer than max_length=%d and are left out "
-                            "of every batch", over.size, self.lengths.size, self.max_length)
+            if over.size and self.max_length is not None:
+                log.warning("DynamicBatchSampler: %d of %d samples are longer than max_length=%d%s and are left "
+                            "out of every batch", over.size, self.lengths.size, self.max_length,
+                            " or max_batch_tokens (long_samples='drop')" if self.long_samples == "drop" else "")
+            # over the budget: planned alone ("warn") or left out ("drop"), one warning per sampler (not per
+            # epoch: every epoch plans the same samples, or a mix's draw of them)
+            warn_over_budget(self.lengths[over] if self.long_samples == "drop" else
+                             self.lengths if self._kept is None else self.lengths[self._kept],
+                             budget, self.long_samples, "DynamicBatchSampler: ", stacklevel=3)
             self.mix = _check_mix(mix, self.lengths.shape[0])
             # the plan layer's epochs: one in-memory source, one window per epoch
             self._epochs = EpochPlan.in_memory(self.lengths, self.config, mix=self.mix, keep=self._kept,

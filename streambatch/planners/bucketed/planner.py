@@ -46,10 +46,13 @@ Options (keywords of ``make_plan``):
   fill loop asks its lookup table (``BatchConstraint.size_table``); packed,
   a batch's tokens stay within that many samples of its longest length.
 
-``drop_last=True`` leaves out (and returns as ``Plan.leftover``) the samples
-that cannot complete a step; without it they are dealt evenly into the final
-one or two steps, and a final step of fewer than W samples is padded as the
-foundation's rule says.
+``drop_last=True`` leaves out (and returns as ``Plan.leftover``) only the
+samples that cannot give every rank a non-empty batch, and rotates them from
+epoch to epoch (``planners/tail.py``); a streamed window before the epoch's
+last leaves out all that cannot complete a step, carried into the next
+window. Without it they are dealt evenly into the final one or two steps,
+and a final step of fewer than W samples is padded as the foundation's rule
+says.
 """
 
 from __future__ import annotations
@@ -64,6 +67,7 @@ from ...core.cost import INT64_MAX
 from ...core.plan import Plan, assemble, finish_last_step, index_dtype
 from ..base import Planner
 from ..options import BUCKET_WIDTH, COST, COST_KINDS, DEFAULT_BUCKET_WIDTH, LIMIT, MAX_STEP_COST, MAX_STEPS, PACK
+from ..tail import epoch_drop_last
 from .fill import fill_plan
 from .packed import plan_packed
 from .step_limit import NO_HEAD, within_limit
@@ -136,9 +140,19 @@ def plan_bucketed(lengths: np.ndarray, constraint: BatchConstraint, world_size: 
     ``pack`` plans packed batches: ``packed.py``; its ``step_limit``, the
     most steps the plan may take: ``step_limit.py``). Returns a Plan whose
     steps all have W non-empty batches, reporting the fewest steps
-    (``Plan.fewest_steps``); with ``drop_last`` the tail that cannot
-    complete a step is left out and returned as ``leftover``.
+    (``Plan.fewest_steps``); with ``drop_last`` what is left out is returned
+    as ``leftover``: the tail that cannot complete a step where the
+    constraint is ``carry`` (a streamed window's, carried on), else only
+    what cannot give every rank a batch, rotated (``tail.epoch_drop_last``).
     """
+    if drop_last and not constraint.carry and lengths.shape[0]:
+        # an epoch's own drop_last (not a streamed window's, carried on): as little left out as the step
+        # limit allows, rotated over epochs by a permutation of the samples fixed by the seed alone (tail.py);
+        # the plans it weighs are this planner's own rule (carry: what cannot complete a step is left out)
+        rotation = (int(subkey(plan_key(seed, 0), 7)), epoch) if shuffle else None
+        return epoch_drop_last(lengths, constraint, lambda drop, cap: plan_bucketed(
+            lengths, dataclasses.replace(constraint, carry=True, step_cap=cap), world_size, shuffle, drop, seed, epoch,
+            bucket_width), rotation)
     if constraint.pack:
         key = plan_key(seed, epoch)
         phase = float(subkey(key, 1) >> np.uint64(11)) / 2.0**53 if shuffle else 0.0

@@ -86,6 +86,7 @@ from ...core.plan_time import epoch_time, packed_epoch_time
 from ...core.registry import get_planner
 from ..base import Planner
 from ..options import BUCKET_WIDTH, COST, COST_KINDS, DEFAULT_BUCKET_WIDTH, LIMIT, MAX_STEP_COST, MAX_STEPS, PACK
+from ..tail import epoch_drop_last
 from .holders import relax_to_holders, swap_to_holders, to_holders
 
 _U64 = 1 << 64
@@ -245,7 +246,8 @@ def plan_affine_window(carry_len: np.ndarray, carry_holder: np.ndarray, new_len:
     if not within:
         # the same cut planned across ranks, within the cap (each rank still streams its own piece)
         aw = min(tried, key=lambda a: a.plan.num_steps)
-        plan = _cross_rank(lengths, limits, w, shuffle, drop_last if final else True, seed, bucket_width, max_steps)
+        plan = _cross_rank(lengths, limits, w, shuffle, drop_last if final else True, seed, bucket_width, max_steps,
+                           carry=not final)
         return dataclasses.replace(aw, plan=plan, leftover=plan.leftover)
     # of the walks within the cap, the shortest planned epoch under the cost plus the default per-step term
     c0 = constraint.default_step_cost(lengths)
@@ -253,13 +255,14 @@ def plan_affine_window(carry_len: np.ndarray, carry_holder: np.ndarray, new_len:
 
 
 def _cross_rank(lengths: np.ndarray, limits: BatchLimits, world_size: int, shuffle: bool, drop_last: bool, seed: int,
-                bucket_width: float, step_cap: int | None) -> Plan:
+                bucket_width: float, step_cap: int | None, carry: bool = False) -> Plan:
     """``lengths`` ((n,) int64) planned across ranks by ``CROSS_RANK_PLANNER``
     (epoch 0 of ``seed``), under the same batch rule with that planner's own
-    step bound, or within ``step_cap`` when given (``BatchLimits.bind``)."""
+    step bound, or within ``step_cap`` when given (``BatchLimits.bind``);
+    ``carry``: its leftover goes on to the next window (not the epoch's last)."""
     cross = get_planner(CROSS_RANK_PLANNER)
     rule = dataclasses.replace(limits, max_steps=None, step_slack=cross.step_slack)
-    return cross.run(lengths, rule.bind(lengths, world_size, step_cap), world_size, shuffle, drop_last, seed, 0,
+    return cross.run(lengths, rule.bind(lengths, world_size, step_cap, carry), world_size, shuffle, drop_last, seed, 0,
                      {"bucket_width": bucket_width})
 
 
@@ -314,7 +317,8 @@ def _plan_window(lengths: np.ndarray, weights: np.ndarray, pooled: np.ndarray, c
         x_drop = drop_last or not final
         # what the window's cap leaves after the walk (raised to the pool's fewest where below: ``step_cap``)
         x_cap = None if max_steps is None else max_steps - counts.shape[0]
-        extra = _cross_rank(pool_len, limits, w, shuffle, x_drop, int(rng.integers(0, 1 << 62)), bucket_width, x_cap)
+        extra = _cross_rank(pool_len, limits, w, shuffle, x_drop, int(rng.integers(0, 1 << 62)), bucket_width, x_cap,
+                            carry=not final)
         x_samples, x_counts = to_holders(pool[extra.samples], np.diff(extra.offsets).reshape(-1, w), holder)
         if not constraint.pack:  # (its swaps keep each batch's longest, not its sum of lengths)
             x_samples = swap_to_holders(x_samples, x_counts, holder, lengths)
@@ -417,6 +421,12 @@ def plan_shard_affine(lengths: np.ndarray, constraint: BatchConstraint, world_si
     none = np.zeros(0, dtype=np.int64)
     if lengths.shape[0] == 0:  # nothing to cut
         return assemble(none, np.zeros((0, world_size), dtype=np.int64), none, world_size, fewest_steps=0)
+    if drop_last and not constraint.carry:
+        # an epoch's own drop_last: as little left out as the step limit allows, rotated (planners/tail.py)
+        key = int(np.random.SeedSequence([seed % _U64, 0x7A11]).generate_state(1, np.uint64)[0])
+        return epoch_drop_last(lengths, constraint, lambda drop, cap: plan_shard_affine(
+            lengths, dataclasses.replace(constraint, carry=True, step_cap=cap), world_size, shuffle, drop, seed, epoch,
+            bucket_width), (key, epoch) if shuffle else None)
     bound = constraint.step_bound(lengths, drop_last)
     cap = constraint.step_limit(bound.steps)
     window_seed = int(np.random.SeedSequence([seed % _U64, epoch, 0x5A]).generate_state(1, np.uint64)[0])

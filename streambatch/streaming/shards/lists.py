@@ -17,9 +17,10 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
 
-from ...core.long_samples import too_long
+from ...core.long_samples import too_long, warn_over_budget
 from ...core.redact import scrub_url
 from ...core.types import IntLike, LengthFrom
 from ..io.remote_io import RemoteOptions
@@ -175,11 +176,23 @@ class ShardLists:
         return sources, sources.catalog
 
 
-def check_samples(catalog: Catalog, max_length: int | None, long_samples: str) -> None:
-    """Refuse an empty catalog, and with ``long_samples="raise"`` one holding a sample over ``max_length``."""
+def check_samples(catalog: Catalog, max_length: int | None, long_samples: str, budget: int | None = None) -> None:
+    """Refuse an empty catalog, and with ``long_samples="raise"`` one holding a sample over ``max_length``
+    or (``budget`` given) over the budget; otherwise one ``LongSampleWarning`` when samples (within
+    ``max_length``) are longer than the budget: planned alone (``"warn"``) or left out (``"drop"``)."""
     if catalog.num_samples == 0:
         raise ValueError(f"the {len(catalog.urls)} shards hold no samples; check the shard list")
     if long_samples == "raise":
         for i, url in enumerate(catalog.urls):
-            too_long(catalog.lengths(i), max_length, long_samples, where=f" of shard {scrub_url(url)}")
+            too_long(catalog.lengths(i), max_length, long_samples, where=f" of shard {scrub_url(url)}",
+                     budget=budget)
+    elif budget is not None:
+        every = getattr(catalog, "all_lengths", None)  # every shard's lengths in one array (a Catalog's)
+        if every is None:
+            every = np.concatenate([catalog.lengths(i) for i in range(len(catalog.urls))])
+        every = np.asarray(every, dtype=np.int64)
+        big = every[every > budget]
+        if max_length is not None:  # those over max_length are left out anyway, and logged as such
+            big = big[big <= max_length]
+        warn_over_budget(big, budget, long_samples, "StreamingBatches: ", stacklevel=4)
 

@@ -246,7 +246,7 @@ def test_sampler_max_length_drops_and_counts(caplog):
     ({"max_length": 0}, ValueError, r"\[1, 2\*\*62\)"),
     ({"max_length": 12.5}, TypeError, "whole number"),
     ({"max_length": True}, TypeError, "whole number"),
-    ({"max_length": 10, "long_samples": "skip"}, ValueError, r"\('drop', 'raise'\)"),
+    ({"max_length": 10, "long_samples": "skip"}, ValueError, r"\('warn', 'drop', 'raise'\)"),
 ])
 def test_max_length_is_validated(kw, exc, words):
     with pytest.raises(exc, match=words):
