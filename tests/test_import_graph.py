@@ -7,6 +7,7 @@ among module-level imports, and no cycle hidden by a function-level import."""
 from __future__ import annotations
 
 import ast
+import functools
 import os
 
 ROOT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "streambatch")
@@ -27,12 +28,23 @@ def modules() -> dict[str, str]:
 MODULES = modules()
 
 
+@functools.cache
+def parsed(path: str) -> ast.Module:
+    """The syntax tree of one module, parsed once for every test here (they walk the same ~200 files)."""
+    with open(path) as f:
+        return ast.parse(f.read())
+
+
+@functools.cache
 def imports(module: str) -> list[tuple[str, bool]]:
+    return _imports(module)
+
+
+def _imports(module: str) -> list[tuple[str, bool]]:
     """(imported streambatch module, at module level) of every import in ``module``."""
     path = MODULES[module]
     package = module.split(".") if path.endswith("__init__.py") else module.split(".")[:-1]
-    with open(path) as f:
-        tree = ast.parse(f.read())
+    tree = parsed(path)
     top = set()
     for node in tree.body:  # module level, including ``if TYPE_CHECKING:`` / try blocks at that level
         for sub in ast.walk(node):
@@ -119,8 +131,7 @@ def test_no_cycles_behind_function_level_imports():
 def function_level_imports(module: str) -> list[int]:
     """Lines of the imports of streambatch modules inside functions of ``module``."""
     path = MODULES[module]
-    with open(path) as f:
-        tree = ast.parse(f.read())
+    tree = parsed(path)
     lines = []
     for fn in ast.walk(tree):
         if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
@@ -210,8 +221,7 @@ def test_the_plan_layer_and_the_glue_hold_no_kernels():
     for m, path in MODULES.items():
         if not m.startswith(("streambatch.epoch", "streambatch.streaming")):
             continue
-        with open(path) as f:
-            tree = ast.parse(f.read())
+        tree = parsed(path)
         docstrings = {id(n.body[0].value) for n in ast.walk(tree)
                       if isinstance(n, (ast.Module, ast.FunctionDef, ast.ClassDef, ast.AsyncFunctionDef))
                       and n.body and isinstance(n.body[0], ast.Expr) and isinstance(n.body[0].value, ast.Constant)}
@@ -248,8 +258,7 @@ def kernel_import(node: ast.AST) -> bool:
 def imports_numba(path: str) -> list[int]:
     """Lines of the module-level imports of numba (or of core/jit.py's njit) in the file at ``path`` (a
     function-level one is lazy)."""
-    with open(path) as f:
-        tree = ast.parse(f.read())
+    tree = parsed(path)
     return [node.lineno for node in tree.body if kernel_import(node)]
 
 
@@ -286,10 +295,9 @@ def test_no_two_classes_share_a_name():
 
     where = collections.defaultdict(list)
     for m, path in MODULES.items():
-        with open(path) as f:
-            for node in ast.walk(ast.parse(f.read())):
-                if isinstance(node, ast.ClassDef):
-                    where[node.name].append(m)
+        for node in ast.walk(parsed(path)):
+            if isinstance(node, ast.ClassDef):
+                where[node.name].append(m)
     twice = {name: ms for name, ms in where.items() if len(ms) > 1}
     assert not twice, twice
     assert len(where["EpochPlan"]) == 1 and where["EpochPlan"] == ["streambatch.epoch.epoch_plan"]
