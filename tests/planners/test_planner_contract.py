@@ -482,13 +482,16 @@ def test_streamed_drop_last_trains_every_sample_over_8_epochs(corpora, mode):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name, options", CONFIGS, ids=IDS)
+@pytest.mark.parametrize("name, options", BOUNDED, ids=BOUNDED_IDS)
 @settings(max_examples=examples(60), deadline=None)
 @given(lengths=length_families(), factor=st.floats(0.2, 4.0), size=st.sampled_from([1, 2, 7, 64, 1000]),
        world=st.one_of(st.integers(1, 16), st.sampled_from([64, 100])), seed=st.integers(0, 2**40))
 def test_every_sample_trained_property_broad(name, options, lengths, factor, size, world, seed):
     """The property over the bound tests' length families: heavy tails, bimodal, all equal, one giant
-    outlier; budgets below the longest clip; caps of 1 and 1,000; W up to 100."""
+    outlier; budgets below the longest clip; caps of 1 and 1,000; W up to 100. Every planner but the
+    seed-exact greedy one, which keeps the seed's drop rule (as it is exempt from the step bound): its
+    shuffled order makes a never-trained sample rare, not impossible (found here: cap 1, W = 100, 193
+    samples, 93 left out per epoch: one never trained in 8 epochs, probability about (93/193)**8 per sample)."""
     assume(lengths.size >= world)
     tokens = max(1, int(factor * max(int(lengths.max()), 1)))
     never = untrained(lengths, max_batch_tokens=tokens, max_batch_size=size, world_size=world, seed=seed,
