@@ -70,6 +70,10 @@ def within_limit(plan: Plan, lengths: np.ndarray, constraint: BatchConstraint, l
                     hi = mid
             candidates.append(best)
     candidates.append(fill())
+    if constraint.step_cap is not None and cost.per_step <= 0:
+        level = capped_level(lengths, constraint, limit)
+        if level is not None:
+            candidates.append(fill(level))
     if cost.per_step > 0:  # the measured model decides: more steps only when it predicts them faster
         fewest = candidates[-1]
         return plan if epoch_time(plan, lengths, cost) < epoch_time(fewest, lengths, cost) else fewest
@@ -78,3 +82,31 @@ def within_limit(plan: Plan, lengths: np.ndarray, constraint: BatchConstraint, l
     first = padding(plan, lengths)
     kept = [p for p, x in zip(candidates, pads) if x >= first - PAD_TOLERANCE] or [candidates[int(np.argmax(pads))]]
     return min(kept, key=lambda p: epoch_time(p, lengths, cost, c0))
+
+
+def capped_level(lengths: np.ndarray, constraint: BatchConstraint, limit: int) -> int | None:
+    """The lowest cost cap under which the fill of ``lengths`` (longest first) still takes at most ``limit``
+    steps, or None when it is the batch rule's own."""
+    from .steps import fill_sizes  # lazy for start-up: no numba before the first plan
+
+    w = constraint.world_size
+    slen = np.ascontiguousarray(np.sort(lengths)[::-1])
+    ca, cb = constraint.coefficients
+    tab = constraint.size_table
+
+    def steps(level: int) -> int:
+        return -(-fill_sizes(slen, constraint.max_tokens, constraint.max_size, tab, ca, cb, level).shape[0] // w)
+
+    top = fill_sizes(slen, constraint.max_tokens, constraint.max_size, tab, ca, cb, constraint.max_cost)
+    longest = np.maximum.reduceat(slen, np.concatenate([[0], np.cumsum(top)[:-1]]))
+    hi = int((top * longest * (ca * longest + cb)).max())  # the fill's costliest batch
+    lo = int(slen[0]) * (ca * int(slen[0]) + cb) - 1  # below a lone longest sample: every batch over it
+    if hi <= lo + 1 or steps(hi) > limit:
+        return None
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if steps(mid) <= limit:
+            hi = mid
+        else:
+            lo = mid
+    return hi
