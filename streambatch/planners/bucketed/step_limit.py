@@ -12,7 +12,16 @@ first plan takes more, the candidates within the limit are:
   the head still within the limit, found by halving over the long samples'
   lengths (the head's steps are the under-filled ones where lengths are long);
 - the fill (``fill.py``): the fewest batches, cut where that lowers the
-  costliest, within the limit.
+  costliest, within the limit;
+- for a streamed window (bound with its share of the epoch's limit,
+  ``BatchConstraint.step_cap``), also the fill under the lowest cost cap
+  that keeps it within the limit (``capped_level``): a window held to its
+  fewest steps (its epoch's slack spent by the windows before it) otherwise
+  fills every batch of long samples to the budget, B x its longest, and the
+  step holding one is the window's longest; under the lower cap they spread
+  over more batches of the same steps (measured: a window of 3,593 samples
+  at W = 4, 1.19x the planned epoch of its uncapped layouts -> 1.04x). Not
+  for map-style plans (no ``step_cap``): those stay as they were.
 
 The first plan is today's plan; among the candidates the one kept pads about
 as little (real / padded tokens at most PAD_TOLERANCE below it) and, of

@@ -50,10 +50,13 @@ worker computes every rank's share without talking):
    in streaming, the window's share of the epoch's limit, ``epoch/step_budget.py``;
    as a planner of its own, 1.10 x the fewest + 1, ``STEP_SLACK``). Over it,
    the walk is tried again with each step's target raised towards the ranks'
-   full batches (``walk.affine_steps``' ``target_rank``), keeping the one
-   within the cap that plans the shortest epoch under the cost plus the
-   default per-step term; when none is within, the window (the same cut:
-   each rank still streams its own piece) is planned across ranks by the
+   full batches (``walk.affine_steps``' ``target_rank``, in quarters of the
+   ranks, then halving between the highest target over the cap and the
+   lowest within it, in FRAC-ths of a rank: the lowest target within the
+   cap, spending its steps on balance), keeping the one within the cap that
+   plans the shortest epoch under the cost plus the default per-step term;
+   when none is within, the window (the same cut: each rank still streams
+   its own piece) is planned across ranks by the
    cross-rank planner, each sample a rank trains without holding it one
    ranged read.
 
@@ -216,8 +219,9 @@ def plan_affine_window(carry_len: np.ndarray, carry_holder: np.ndarray, new_len:
     walked again with the step's target raised to a quarter, half, three
     quarters and all of the ranks' full batches (``affine_steps``'
     ``target_rank``; all: every rank takes its full batch, the fewest steps
-    its own samples allow), and of those within the cap the one planning the
-    shortest epoch under the cost plus the default per-step term
+    its own samples allow), then at the lowest target within the cap (halving
+    between those, in FRAC-ths of a rank: ``target_frac``), and of those
+    within the cap the one planning the shortest epoch under the cost plus the default per-step term
     (``BatchConstraint.default_step_cost``) is kept. When none is within it
     (each rank's own samples, cut into batches, lose up to a batch each:
     many steps' worth where windows hold few steps), the same cut is planned
