@@ -21,7 +21,10 @@ first plan takes more, the candidates within the limit are:
   step holding one is the window's longest; under the lower cap they spread
   over more batches of the same steps (measured: a window of 3,593 samples
   at W = 4, 1.19x the planned epoch of its uncapped layouts -> 1.04x). Not
-  for map-style plans (no ``step_cap``): those stay as they were.
+  for map-style plans (no ``step_cap``): those stay as they were. It takes
+  at most the steps of the other candidates: a step one window spends is one
+  the windows after it lack (the epoch's final window, holding the held-back
+  outliers, needs them most), which no window can see.
 
 The first plan is today's plan; among the candidates the one kept pads about
 as little (real / padded tokens at most PAD_TOLERANCE below it) and, of
@@ -80,7 +83,8 @@ def within_limit(plan: Plan, lengths: np.ndarray, constraint: BatchConstraint, l
             candidates.append(best)
     candidates.append(fill())
     if constraint.step_cap is not None and cost.per_step <= 0:
-        level = capped_level(lengths, constraint, limit)
+        # no more steps than any other candidate: a step a streamed window spends is one the windows after it lack
+        level = capped_level(lengths, constraint, min(p.num_steps for p in candidates))
         if level is not None:
             candidates.append(fill(level))
     if cost.per_step > 0:  # the measured model decides: more steps only when it predicts them faster
