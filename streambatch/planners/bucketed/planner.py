@@ -188,11 +188,12 @@ def plan_bucketed(lengths: np.ndarray, constraint: BatchConstraint, world_size: 
     # measured step model's c0) says they are slower: none then. Otherwise as far as the step limit allows.
     plan = lay_out(0 if cost.per_step <= 0 else NO_HEAD)
     if limit is not None and plan.num_steps > limit:
-        def fill() -> Plan:
-            # the same buckets, longest first (the ascending part reversed)
+        def fill(level: int | None = None) -> Plan:
+            # the same buckets, longest first (the ascending part reversed); level: a lower cost cap
             order, _, m = bucket_order(lengths, lmax, tokens, cap, shuffle, key, bucket_width, dtype, len_dtype)
             order = np.concatenate([order[m:], order[:m][::-1]])
-            return fill_plan(lengths, order, tokens, cap, w, constraint.coefficients, max_cost, shuffle, drop_last,
+            return fill_plan(lengths, order, tokens, cap, w, constraint.coefficients,
+                             max_cost if level is None else min(max_cost, level), shuffle, drop_last,
                              subkey(key, 5), limit, constraint.size_table)
 
         plan = within_limit(plan, lengths, constraint, limit, lay_out, fill)

@@ -12,7 +12,19 @@ first plan takes more, the candidates within the limit are:
   the head still within the limit, found by halving over the long samples'
   lengths (the head's steps are the under-filled ones where lengths are long);
 - the fill (``fill.py``): the fewest batches, cut where that lowers the
-  costliest, within the limit.
+  costliest, within the limit;
+- for a streamed window (bound with its share of the epoch's limit,
+  ``BatchConstraint.step_cap``), also the fill under the lowest cost cap
+  that keeps it within the limit (``capped_level``): a window held to its
+  fewest steps (its epoch's slack spent by the windows before it) otherwise
+  fills every batch of long samples to the budget, B x its longest, and the
+  step holding one is the window's longest; under the lower cap they spread
+  over more batches of the same steps (measured: a window of 3,593 samples
+  at W = 4, 1.19x the planned epoch of its uncapped layouts -> 1.04x). Not
+  for map-style plans (no ``step_cap``): those stay as they were. It takes
+  at most the steps of the other candidates: a step one window spends is one
+  the windows after it lack (the epoch's final window, holding the held-back
+  outliers, needs them most), which no window can see.
 
 The first plan is today's plan; among the candidates the one kept pads about
 as little (real / padded tokens at most PAD_TOLERANCE below it) and, of
@@ -70,6 +82,11 @@ def within_limit(plan: Plan, lengths: np.ndarray, constraint: BatchConstraint, l
                     hi = mid
             candidates.append(best)
     candidates.append(fill())
+    if constraint.step_cap is not None and cost.per_step <= 0:
+        # no more steps than any other candidate: a step a streamed window spends is one the windows after it lack
+        level = capped_level(lengths, constraint, min(p.num_steps for p in candidates))
+        if level is not None:
+            candidates.append(fill(level))
     if cost.per_step > 0:  # the measured model decides: more steps only when it predicts them faster
         fewest = candidates[-1]
         return plan if epoch_time(plan, lengths, cost) < epoch_time(fewest, lengths, cost) else fewest
@@ -78,3 +95,31 @@ def within_limit(plan: Plan, lengths: np.ndarray, constraint: BatchConstraint, l
     first = padding(plan, lengths)
     kept = [p for p, x in zip(candidates, pads) if x >= first - PAD_TOLERANCE] or [candidates[int(np.argmax(pads))]]
     return min(kept, key=lambda p: epoch_time(p, lengths, cost, c0))
+
+
+def capped_level(lengths: np.ndarray, constraint: BatchConstraint, limit: int) -> int | None:
+    """The lowest cost cap under which the fill of ``lengths`` (longest first) still takes at most ``limit``
+    steps, or None when it is the batch rule's own."""
+    from .steps import fill_sizes  # lazy for start-up: no numba before the first plan
+
+    w = constraint.world_size
+    slen = np.ascontiguousarray(np.sort(lengths)[::-1])
+    ca, cb = constraint.coefficients
+    tab = constraint.size_table
+
+    def steps(level: int) -> int:
+        return -(-fill_sizes(slen, constraint.max_tokens, constraint.max_size, tab, ca, cb, level).shape[0] // w)
+
+    top = fill_sizes(slen, constraint.max_tokens, constraint.max_size, tab, ca, cb, constraint.max_cost)
+    longest = np.maximum.reduceat(slen, np.concatenate([[0], np.cumsum(top)[:-1]]))
+    hi = int((top * longest * (ca * longest + cb)).max())  # the fill's costliest batch
+    lo = int(slen[0]) * (ca * int(slen[0]) + cb) - 1  # below a lone longest sample: every batch over it
+    if hi <= lo + 1 or steps(hi) > limit:
+        return None
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if steps(mid) <= limit:
+            hi = mid
+        else:
+            lo = mid
+    return hi
