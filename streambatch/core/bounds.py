@@ -127,6 +127,19 @@ class LengthCounts:
         weights = np.concatenate([self.counts, np.ones(lengths.shape[0], dtype=np.int64)])
         self.values, self.counts = values, np.bincount(inverse, weights=weights).astype(np.int64)
 
+    def remove(self, lengths: np.ndarray) -> None:
+        """Take out (n,) int64 lengths, each added before (a multiset difference)."""
+        if lengths.shape[0] == 0:
+            return
+        values, removed = np.unique(lengths, return_counts=True)
+        at = np.searchsorted(self.values, values)
+        inside = (at < self.values.shape[0]).all()
+        if not inside or (self.values[at] != values).any() or (self.counts[at] < removed).any():
+            raise ValueError("LengthCounts.remove: lengths that were not added; remove only what add took in")
+        self.counts[at] -= removed
+        keep = self.counts > 0
+        self.values, self.counts = self.values[keep], self.counts[keep]
+
     @property
     def total(self) -> int:
         return int(self.counts.sum())

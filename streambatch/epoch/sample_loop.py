@@ -21,7 +21,7 @@ Stream: ``Window`` objects in epoch order, each planned across all ranks (replan
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -103,15 +103,24 @@ def plan_windows(inputs: Iterator[WindowInput], config: WindowConfig, epoch: int
     seg = 0
     seg_end = segments[0][1] if segments else None  # epoch step where the current segment ends
     budget = StepBudget(config.limits)  # the epoch's step limit, spent window by window (step_budget.py)
+    # The lookahead: every window's new samples before the first is planned (the lengths come from the
+    # catalog in memory), so each window's cap reserves steps for the windows after it (step_budget.py).
+    # Sidecar lengths are new input: checked here (cheap), the config once at construction.
+    todo = [replace(w, lengths=coerce_lengths(w.lengths)) for w in inputs]
+    kept_new = [w.lengths[~config.limits.too_long(w.lengths)] if config.limits.leaves_out else w.lengths
+                for w in todo]
+    budget.expect(np.concatenate([none, *kept_new]), config.drop_last)
 
     def world() -> int:
         return segments[seg][0] if seg < len(segments) else config.world_size
 
-    for win in inputs:
+    for at in range(len(todo)):
+        win, new_len = todo[at], kept_new[at]
+        todo[at] = kept_new[at] = None  # type: ignore[call-overload]  # planned windows need not stay in memory
+        budget.show(new_len)
         ids = np.concatenate([carry_ids, win.ids])
         local = np.concatenate([carry_local, win.local])
-        # Sidecar lengths are new input each window: checked here (cheap), the config once at construction.
-        lengths = coerce_lengths(np.concatenate([carry_len, win.lengths]))
+        lengths = np.concatenate([carry_len, win.lengths])
         over = 0
         if config.limits.leaves_out:
             keep = ~config.limits.too_long(lengths)  # the long-sample policy; carried samples were kept already
@@ -140,7 +149,8 @@ def plan_windows(inputs: Iterator[WindowInput], config: WindowConfig, epoch: int
             drop = config.drop_last if last else True
             plan = plan_epoch(lengths, config, 0, world_size=world(), drop_last=drop,
                               seed=piece_seed(config.seed, epoch, win.index, piece),
-                              step_cap=budget.cap(lengths, world(), drop), carry=not last)
+                              step_cap=budget.cap(lengths, world(), drop, held_len, len(todo) - 1 - at),
+                              carry=not last)
             if source_of is not None:
                 from .interleave import interleave_steps  # lazy for start-up: no numba before the first plan
 

@@ -19,10 +19,25 @@ Every number comes from the batch rule resolved once (``PlanConfig.limits``:
 budget, size cap, cost model, cost cap, packing, ``max_steps``, the planner's
 bound), as set: the accounting is over the epoch, not one window's clamp.
 
-After an elastic resize the accounting starts again at the new world size:
-steps of different world sizes do not add up to one bound.
+The windows' own fewest steps do not add up to the epoch's: a window's
+samples batch only with each other (and its carry), so two windows can need
+more steps together than their samples at once (45,000 heavy-tailed samples
+at W = 512: windows of at least 4 and 10 steps, 13 for the epoch). A window
+that spent the epoch's slack would leave the next one raised over the limit.
+So with a lookahead (``expect``: the epoch's samples, known before its first
+window; ``show``: each window's new samples as it comes) the cap also
+reserves for the rest of the epoch: ``step_limit(F_epoch) - P - R``, R the
+fewest steps of the samples still to come (ceil: a partial step counts) plus
+one step for each window still to come (its partial step, which need not
+combine with the next window's). A window spends slack only when the rest
+cannot need it; the last windows get what is left.
 
-Stream: none; ``StepBudget.cap`` before each window's plan, ``spend`` after.
+After an elastic resize the accounting starts again at the new world size:
+steps of different world sizes do not add up to one bound (the lookahead
+stays: which samples are still to come does not depend on the world size).
+
+Stream: none; ``expect`` once (optional), then per window ``show`` (with a lookahead), ``cap`` before
+its plan, ``spend`` after.
 """
 
 from __future__ import annotations
@@ -38,21 +53,47 @@ class StepBudget:
 
     def __init__(self, limits: BatchLimits):
         self.limits = limits
+        self.unseen: LengthCounts | None = None  # the lookahead: the epoch's samples not shown yet
+        self.final_drop = False
         self.reset()
 
     def reset(self) -> None:
-        """Start the accounting again (a new world size)."""
+        """Start the accounting again (a new world size); the lookahead stays."""
         self.trained = LengthCounts()
         self.steps = 0
 
-    def cap(self, lengths: np.ndarray, world: int, drop_last: bool) -> int | None:
+    def expect(self, lengths: np.ndarray, drop_last: bool) -> None:
+        """Look ahead: (N,) int64 lengths of every sample the epoch will plan (after the long-sample
+        policy), the epoch's ``drop_last``. Each window's new samples are then ``show``-n before its cap."""
+        self.unseen = LengthCounts()
+        self.unseen.add(lengths)
+        self.final_drop = drop_last
+
+    def show(self, lengths: np.ndarray) -> None:
+        """(n,) int64 lengths of a window's new samples (given to ``expect`` before): no longer to come."""
+        if self.unseen is not None:
+            self.unseen.remove(lengths)
+
+    def cap(self, lengths: np.ndarray, world: int, drop_last: bool, held: np.ndarray | None = None,
+            windows_left: int = 0) -> int | None:
         """The most steps the next window (its (n,) int64 ``lengths``) may
-        take at ``world`` ranks, or None for a planner without a bound."""
+        take at ``world`` ranks, or None for a planner without a bound.
+        With a lookahead: ``held`` ((h,) int64) the lengths shown but kept
+        for a later window, ``windows_left`` the windows still to come."""
         limits = self.limits
         if limits.step_slack is None:
             return None
         own = limits.fewest_steps(lengths, world, drop_last)
-        cap = max(limits.limit_of(self._fewest(lengths, world, drop_last)) - self.steps, own)
+        cap = limits.limit_of(self._fewest(lengths, world, drop_last)) - self.steps
+        if self.unseen is not None:
+            rest = _merged(self.unseen, held)
+            if rest.total or windows_left:
+                # reserve the rest's fewest, one step per window to come for its partial step
+                reserve = self.fewest_of(rest, world, False) + windows_left
+                whole = self.fewest_of(_merged(rest, self.trained.values, self.trained.counts), world,
+                                       self.final_drop, lengths)
+                cap = min(cap, limits.limit_of(whole) - self.steps - reserve)
+        cap = max(cap, own)
         return cap if limits.max_steps is None else max(min(cap, limits.max_steps), own)
 
     def _fewest(self, lengths: np.ndarray | None, world: int, drop_last: bool) -> int:
@@ -70,3 +111,16 @@ class StepBudget:
         """Count a planned window: (k,) int64 lengths of the samples its steps train, and its steps."""
         self.trained.add(trained)
         self.steps += steps
+
+
+def _merged(counts: LengthCounts, lengths: np.ndarray | None, weights: np.ndarray | None = None) -> LengthCounts:
+    """A new LengthCounts: ``counts`` with (n,) int64 ``lengths`` (each ``weights`` times, default once)."""
+    out = LengthCounts()
+    out.values, out.counts = counts.values, counts.counts
+    if lengths is None or lengths.shape[0] == 0:
+        return out
+    w = np.ones(lengths.shape[0], dtype=np.int64) if weights is None else weights
+    values, inverse = np.unique(np.concatenate([counts.values, lengths]), return_inverse=True)
+    out.values = values
+    out.counts = np.bincount(inverse, weights=np.concatenate([counts.counts, w])).astype(np.int64)
+    return out
