@@ -16,6 +16,7 @@ from __future__ import annotations
 import importlib
 import os
 import pickle
+import warnings
 from collections import Counter
 
 import numpy as np
@@ -23,7 +24,7 @@ import pytest
 from hypothesis import assume, example, given, settings
 from hypothesis import strategies as st
 
-from streambatch import make_plan
+from streambatch import LongSampleWarning, make_plan
 from streambatch.core.bounds import STEP_SLACK_DIV, fewest_steps, step_bound, step_limit
 from streambatch.planners import PLANNERS, Planner, UnknownOptionError, register_planner
 from streambatch.streaming import Source, StreamingBatches
@@ -362,6 +363,43 @@ def test_shard_mode_refuses_another_planner(corpora):
     assert all(ds.config.options_planner == "shard_affine" for ds in walks)
     assert [[b["__key__"] for b in batch] for batch in walks[0]] == [[b["__key__"] for b in batch]
                                                                      for batch in walks[1]]
+
+
+# (n, heavy-tailed draw, world, window_samples, budget / longest clip, drop_last, steps before the lookahead): the
+# windows' own fewest steps add up to more than the epoch's; a window that spent the epoch's slack left a later one
+# raised over the limit
+LOOKAHEAD_CASES = [(1500, 1, 16, 400, 0.5, True, 15), (3000, 0, 64, 1000, 0.5, False, 9),
+                   (3000, 0, 16, 400, 1.0, False, 30)]
+
+
+@pytest.mark.parametrize("n, seed, world, window, factor, drop_last, before", LOOKAHEAD_CASES)
+def test_streamed_window_caps_reserve_for_the_windows_to_come(tmp_path, n, seed, world, window, factor, drop_last,
+                                                              before):
+    """Sample mode, cap 7, heavy-tailed lengths: each window's cap reserves the fewest steps of the
+    samples still to come plus a step per window to come (``epoch/step_budget.py``), so the epoch stays within
+    1.05 x its fewest + 1 (before: ``before`` steps, over it)."""
+    lengths = family_lengths("heavy", n, seed=seed)
+    urls = write_lengths(tmp_path, lengths, np.full(n // 50, 50), prefix="ahead")
+    tokens = int(factor * lengths.max())
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", LongSampleWarning)  # the half-longest budgets: a few clips planned alone
+        ds = StreamingBatches(urls, tokens, 7, rank=0, world_size=world, read_mode="sample", drop_last=drop_last,
+                              window_samples=window, seed=0, planner="bucketed")
+    summary = ds.plan.summary(0)
+    assert summary.fewest_steps == step_bound(lengths, tokens, 7, world, drop_last).steps
+    assert before > step_limit(summary.fewest_steps) >= summary.steps, summary
+
+
+@pytest.mark.slow
+def test_streamed_bound_on_the_45k_heavy_corpus(big_corpora):
+    """Found by ``test_streamed_bound_property``: 45,000 heavy-tailed samples at W = 512, cap 7, budget the
+    longest clip, default windows: window 1 spent the epoch's one slack step (5 where 4 is its fewest), then
+    window 2's own fewest (10) was over its cap (9): 15 steps where the limit is 14 (13 with drop_last)."""
+    urls, lengths = big_corpora["big-heavy"]
+    for drop_last in (False, True):
+        ds = StreamingBatches(urls, int(lengths.max()), 7, rank=0, world_size=512, read_mode="sample",
+                              drop_last=drop_last, seed=0, planner="bucketed")
+        check_stream(ds, lengths, int(lengths.max()), 7, 512, drop_last, False, "sample")
 
 
 @pytest.fixture(scope="module")
