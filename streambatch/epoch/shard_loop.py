@@ -74,8 +74,12 @@ def affine_windows(counts: np.ndarray, load_lengths: Callable[[int], np.ndarray]
     index: the trained steps (truncated plan) and the replanned rest.
     """
     window_of = window_of or (lambda _w: config.window_samples)
-    yield from plan_affine(_shard_list_inputs(counts, load_lengths, config, epoch, window_of), config, epoch,
-                           segments)
+    next_input = _shard_list_inputs(counts, load_lengths, config, epoch, window_of)
+    # the lookahead (step_budget.py): every sample of the epoch, from the catalog's lengths in memory
+    every = np.concatenate([np.zeros(0, dtype=np.int64)] +
+                           [np.asarray(load_lengths(s), dtype=np.int64) for s in range(counts.shape[0])])
+    yield from plan_affine(next_input, config, epoch, segments, expected=every,
+                           windows_left=next_input.windows_left)  # type: ignore[attr-defined]
 
 
 def _shard_list_inputs(counts: np.ndarray, load_lengths: Callable[[int], np.ndarray], config: WindowConfig,
@@ -106,17 +110,27 @@ def _shard_list_inputs(counts: np.ndarray, load_lengths: Callable[[int], np.ndar
         at["pos"], at["j"] = nxt, at["j"] + 1
         return win
 
+    def windows_left() -> int:
+        """Windows still to come after the last one given (cut for the last world asked)."""
+        bounds = at["bounds"]
+        return int(bounds.shape[0] - 1 - np.searchsorted(bounds, at["pos"], side="left"))
+
+    next_input.windows_left = windows_left  # type: ignore[attr-defined]
     return next_input
 
 
 def plan_affine(next_input: Callable[[int], WindowInput | None], config: WindowConfig, epoch: int,
                 segments: Segments = (), source_of: Callable[[np.ndarray], np.ndarray] | None = None,
-                num_sources: int = 1) -> Iterator[Window]:
+                num_sources: int = 1, expected: np.ndarray | None = None,
+                windows_left: Callable[[], int] | None = None) -> Iterator[Window]:
     """The shard-mode window loop: ``next_input(world)`` gives each window's
     new samples in streaming order (a shard list's shards, or a mix's
     quotas), planned shard-affine at the world of the segment it falls in.
     With ``source_of`` (shard ids -> source of each sample) a mixed window's
-    steps are interleaved by source (``planners/interleave.py``)."""
+    steps are interleaved by source (``planners/interleave.py``). The lookahead
+    (``step_budget.py``): ``expected`` (N,) int64 the lengths of every sample
+    the epoch's windows will give, ``windows_left()`` how many windows are
+    still to come after the last one given."""
     none = np.zeros(0, dtype=np.int64)
     carry_ids = carry_local = carry_len = carry_holder = none
     step = 0
@@ -125,6 +139,9 @@ def plan_affine(next_input: Callable[[int], WindowInput | None], config: WindowC
     # the epoch's step limit, spent window by window: the shard-affine planner's bound, 1.10 x fewest + 1
     # (its Planner record says why: planners/shard_affine/planner.py STEP_SLACK)
     budget = StepBudget(config.limits)
+    if expected is not None:
+        budget.expect(expected[~config.limits.too_long(expected)] if config.limits.leaves_out else expected,
+                      config.drop_last)
 
     def world() -> int:
         return segments[seg][0] if seg < len(segments) else config.world_size
@@ -144,8 +161,12 @@ def plan_affine(next_input: Callable[[int], WindowInput | None], config: WindowC
         if new is None:
             break
         j, last = new.index, new.last
+        left_windows = windows_left() if windows_left is not None else 0
+        new_len = np.asarray(new.lengths, dtype=np.int64)
+        budget.show(new_len[~config.limits.too_long(new_len)] if config.limits.leaves_out else new_len)
         win, lengths, held = _affine_window(new, config, world(), epoch, step,
-                                            (carry_ids, carry_local, carry_len, carry_holder), source_of, budget)
+                                            (carry_ids, carry_local, carry_len, carry_holder), source_of, budget,
+                                            left_windows)
         win = replace(win, plan=mixed(win.plan, win.shard_ids))
         if seg_end is not None and step + win.num_steps > seg_end:
             # the segment ends inside this window: its first steps were trained, the rest is finished in sample mode
@@ -162,7 +183,8 @@ def plan_affine(next_input: Callable[[int], WindowInput | None], config: WindowC
                 budget.reset()
                 drop = config.drop_last if last else True
                 plan = mixed(_across_ranks(lengths, config, world(), drop, piece_seed(config.seed, epoch, j, piece),
-                                           budget.cap(lengths, world(), drop), carry=not last), ids)
+                                           budget.cap(lengths, world(), drop, windows_left=left_windows),
+                                           carry=not last), ids)
                 if seg_end is None or step + plan.num_steps <= seg_end:
                     break
                 cut = seg_end - step  # another resize inside the replanned rest
@@ -193,7 +215,8 @@ def plan_affine(next_input: Callable[[int], WindowInput | None], config: WindowC
 
 def _affine_window(new: WindowInput, config: WindowConfig, w: int, epoch: int, step: int,
                    carry: tuple[np.ndarray, ...], source_of: Callable[[np.ndarray], np.ndarray] | None = None,
-                   budget: StepBudget | None = None) -> tuple[Window, np.ndarray, np.ndarray]:
+                   budget: StepBudget | None = None, windows_left: int = 0
+                   ) -> tuple[Window, np.ndarray, np.ndarray]:
     """Window ``new`` planned shard-affine at world ``w`` within its share of
     the epoch's step limit (``budget``'s cap; none without), its samples'
     (n,) int64 lengths and (n,) int64 holders (UNHELD for carried samples no
@@ -202,7 +225,8 @@ def _affine_window(new: WindowInput, config: WindowConfig, w: int, epoch: int, s
     holds (dealt round-robin for planning, fetched by whoever trains them;
     carried on unheld when not trained).
     source_of: a mix's shard ids -> source; each source's samples (contiguous
-    in ``new``) are then cut into W pieces on their own."""
+    in ``new``) are then cut into W pieces on their own. windows_left: the
+    windows still to come (the budget's lookahead)."""
     carry_ids, carry_local, carry_len, carry_holder = carry
     new_len = np.asarray(new.lengths, dtype=np.int64)
     kept = np.arange(new_len.shape[0], dtype=np.int64)
@@ -218,7 +242,8 @@ def _affine_window(new: WindowInput, config: WindowConfig, w: int, epoch: int, s
         groups = np.flatnonzero(np.diff(src, prepend=-1, append=-1)).astype(np.int64)
     cap = None
     if budget is not None:  # the window's share of the epoch's step limit (over it: see plan_affine_window)
-        cap = budget.cap(np.concatenate([carry_len, new_len[kept]]), w, config.drop_last if new.last else True)
+        cap = budget.cap(np.concatenate([carry_len, new_len[kept]]), w, config.drop_last if new.last else True,
+                         windows_left=windows_left)
     aw = plan_affine_window(carry_len, holder_in, new_len[kept], config.limits, w, config.shuffle, new.last,
                             config.drop_last, window_seed(config.seed, epoch, new.index),
                             config.resolved_options["bucket_width"], groups, cap)
@@ -285,7 +310,19 @@ def run_reads(ids: np.ndarray, local: np.ndarray, rank: np.ndarray) -> np.ndarra
 
 def _mixed(inputs: Iterator[WindowInput], config: WindowConfig, epoch: int, segments: Segments,
            source_of: Callable[[np.ndarray], np.ndarray], num_sources: int) -> Iterator[Window]:
-    return plan_affine(lambda _w: next(inputs, None), config, epoch, segments, source_of, num_sources)
+    todo = list(inputs)  # the lookahead (step_budget.py): the mix's windows, drawn before the first is planned
+    taken = [0]
+
+    def next_input(_w: int) -> WindowInput | None:
+        if taken[0] == len(todo):
+            return None
+        taken[0] += 1
+        win, todo[taken[0] - 1] = todo[taken[0] - 1], None  # type: ignore[call-overload]  # planned: let go
+        return win
+
+    every = np.concatenate([np.zeros(0, dtype=np.int64)] + [np.asarray(w.lengths, dtype=np.int64) for w in todo])
+    yield from plan_affine(next_input, config, epoch, segments, source_of, num_sources, every,
+                           lambda: len(todo) - taken[0])
 
 
 def _warm_up(config: WindowConfig, world_size: int) -> None:
