@@ -132,3 +132,27 @@ def test_length_counts_add_up(parts, budget, cap, pack):
     every = np.array([x for part in parts for x in part], dtype=np.int64)
     assert counts.fewest_batches(budget, cap, pack, more=more) == fewest_batches(every, budget, cap, pack)
     assert counts.total == every.size - more.size
+
+
+@settings(max_examples=examples(50), deadline=None)
+@given(parts=st.lists(st.lists(st.integers(0, 400), max_size=30), min_size=1, max_size=6),
+       budget=st.integers(1, 1500), cap=st.integers(1, 9))
+def test_length_counts_remove_what_was_added(parts, budget, cap):
+    # the step budget's lookahead: the epoch's lengths, each window's taken out as it comes
+    counts = LengthCounts()
+    counts.add(np.array([x for part in parts for x in part], dtype=np.int64))
+    for i, part in enumerate(parts):
+        counts.remove(np.array(part, dtype=np.int64))
+        rest = np.array([x for p in parts[i + 1:] for x in p], dtype=np.int64)
+        assert counts.total == rest.size and counts.fewest_batches(budget, cap) == fewest_batches(rest, budget, cap)
+    assert counts.values.size == 0
+
+
+def test_length_counts_refuse_to_remove_what_is_not_there():
+    counts = LengthCounts()
+    counts.add(np.array([5, 5, 9], dtype=np.int64))
+    for bad in ([7], [5, 5, 5], [10]):
+        with pytest.raises(ValueError, match="not added"):
+            counts.remove(np.array(bad, dtype=np.int64))
+    counts.remove(np.array([9, 5], dtype=np.int64))
+    assert counts.values.tolist() == [5] and counts.counts.tolist() == [1]
