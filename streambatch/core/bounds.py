@@ -284,7 +284,8 @@ def _host_bound(values: np.ndarray, counts: np.ndarray, budget: int, cap: int) -
     return n_big + max(0, -(-rest // k))
 
 
-PAIRED_TRIED = 4096  # the most thresholds ``_paired_bound`` tries
+PAIRED_TRIED = 2048  # the most thresholds ``_paired_bound`` tries
+PAIRED_LENGTHS = 512  # the most lengths whose breakpoints it takes them from
 
 
 def _paired_bound(values: np.ndarray, counts: np.ndarray, budget: int) -> int:
@@ -317,7 +318,8 @@ def _paired_bound(values: np.ndarray, counts: np.ndarray, budget: int) -> int:
     move a sample across a, (C - a) / 2, C - a or (C + a) / 2 the sum is
     linear in a and the bound a ratio of linear functions, largest at an end,
     so the candidates are those breakpoints (and their neighbours), each
-    summed in O(log k) from prefix sums. values: (k,) int64 distinct lengths
+    summed in O(log k) from prefix sums; with many distinct lengths, those of
+    an even spread of them (any thresholds give a valid bound). values: (k,) int64 distinct lengths
     in [0, C], descending; counts: (k,) int64."""
     if float(budget) * float(counts.sum()) > 2.0**52 or budget < 3:  # float sums exact below 2**53
         return 0
@@ -334,9 +336,11 @@ def _paired_bound(values: np.ndarray, counts: np.ndarray, budget: int) -> int:
 
     C = int(budget)
     third = (C - 1) // 3  # a < C / 3
-    bp = np.concatenate([v, C - 2 * v, C - v, 2 * v - C, [0]])
+    # any thresholds give a bound: the breakpoints of at most PAIRED_LENGTHS lengths, evenly spread, keep it cheap
+    u = v if v.size <= PAIRED_LENGTHS else v[np.linspace(0, v.size - 1, PAIRED_LENGTHS).astype(np.int64)]
+    bp = np.concatenate([u, C - 2 * u, C - u, 2 * u - C, [0]])
     a = np.unique(np.clip(np.concatenate([bp - 1, bp, bp + 1]), 0, third))
-    if a.size > PAIRED_TRIED:  # any thresholds give a bound: at most this many, evenly spread, keep it O(k)
+    if a.size > PAIRED_TRIED:  # at most this many, evenly spread
         a = a[np.linspace(0, a.size - 1, PAIRED_TRIED).astype(np.int64)]
     d = (C - 3 * a).astype(np.float64)
     half = C // 2  # x <= C / 2 <=> x <= C // 2
