@@ -16,7 +16,9 @@ the checkout measured. Configurations:
   a fitted step model), with and without ``max_step_cost``, four bucket widths;
 - mix: ``Mix.draw`` of small (Fisher-Yates) and large (Feistel) sources, and ``interleave_steps``;
 - hash: ``hash_array`` over int8/int16/int32/int64/uint64 arrays and ``Plan.fingerprint``;
-- affinity: ``plan_affine_window`` windows (carry, groups, final or not, drop_last).
+- affinity: ``plan_affine_window`` windows (carry, groups, final or not, drop_last);
+- packed: the bucketed configurations planned packed (``pack=True``), some under a limit curve, and the
+  affinity windows packed.
 
 A configuration that raises records the exception's type and message instead of a hash, so a change in
 which inputs are rejected shows too. Never part of the test run.
@@ -36,7 +38,7 @@ import numpy as np
 HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(HERE, "bench"))
 
-GROUPS = ("greedy", "bucketed", "mix", "hash", "affinity")
+GROUPS = ("greedy", "bucketed", "mix", "hash", "affinity", "packed")
 
 
 def _digest(*arrays, extra: str = "") -> str:
@@ -264,6 +266,48 @@ def affinity_hashes() -> dict[str, str]:
     return out
 
 
+def packed_hashes() -> dict[str, str]:
+    """The bucketed configurations packed (every fourth one also under a limit curve), and the affinity
+    windows packed."""
+    from greedy_world import _lengths
+
+    from streambatch import make_plan
+    from streambatch.core.cost import resolve_cost
+    from streambatch.core.limits import LimitCurve
+
+    costs = _costs()
+    out = {}
+    for k, c in enumerate(bucketed_configs()):
+        lengths = _lengths(c["kind"], c["n"], np.random.default_rng(c["data_seed"]))
+        cost = costs[c["cost"]]
+        options = dict(cost=cost, bucket_width=c["width"], pack=True)
+        if c["step_cost"]:
+            model = resolve_cost(cost)
+            lmax = int(lengths.max(initial=1)) or 1
+            options["max_step_cost"] = float(model.packed_cost(np.array([lmax] * 4)).sum()) or 1.0
+        out[f"packed/{k}"] = _guard(_plan_hash, make_plan, lengths, c, planner="bucketed", **options)
+        if k % 4 == 0:
+            lmax = max(8, int(lengths.max(initial=1)))
+            curve = LimitCurve.from_table([lmax // 4, lmax // 2, lmax],
+                                          [max(1, c["max_batch_size"] // 2), 6, 2])
+            out[f"packed_curve/{k}"] = _guard(_plan_hash, make_plan, lengths, c, planner="bucketed", pack=True,
+                                              limit=curve)
+    plan_affine_window = _affine_window_fn()
+    rs = np.random.default_rng(12)
+    none = np.zeros(0, dtype=np.int64)
+    for k in range(60):
+        w = int(rs.choice([1, 2, 3, 8, 17, 64]))
+        m = int(rs.integers(w, 6000))
+        new = np.clip(rs.lognormal(np.log(250.0), 0.8, m), 1, 4000).astype(np.int64)
+        c = int(rs.integers(0, 50)) if k % 2 else 0
+        carry = rs.integers(1, 900, size=c).astype(np.int64) if c else none
+        holder = rs.integers(0, w, size=c).astype(np.int64) if c else none
+        out[f"packed_affinity/{k}"] = _guard(_window_hash, plan_affine_window, carry, holder, new, 16_000, 64, w,
+                                             bool(k % 2), bool(k % 4 == 0), bool(k % 8 == 0),
+                                             int(rs.integers(0, 1000)), {"pack": True}, None)
+    return out
+
+
 def run_here(groups: list[str]) -> dict[str, str]:
     out = {}
     for g in groups:
@@ -333,7 +377,8 @@ def main() -> int:
 
 def _prefixes(groups: list[str]) -> set[str]:
     names = {"greedy": {"greedy"}, "bucketed": {"bucketed"}, "mix": {"mix", "interleave", "perm"},
-             "hash": {"hash", "fingerprint"}, "affinity": {"affinity"}}
+             "hash": {"hash", "fingerprint"}, "affinity": {"affinity"},
+             "packed": {"packed", "packed_curve", "packed_affinity"}}
     return set().union(*(names[g] for g in groups))
 
 

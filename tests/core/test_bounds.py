@@ -3,6 +3,8 @@ of small inputs into valid batches (padded: exactly; packed: a lower bound)."""
 
 from __future__ import annotations
 
+import math
+from fractions import Fraction
 from functools import cache
 
 import numpy as np
@@ -156,3 +158,51 @@ def test_length_counts_refuse_to_remove_what_is_not_there():
             counts.remove(np.array(bad, dtype=np.int64))
     counts.remove(np.array([9, 5], dtype=np.int64))
     assert counts.values.tolist() == [5] and counts.counts.tolist() == [1]
+
+
+# ------------------------------------------------------------ the paired bound (packed)
+
+def paired_f(x: int, a: int, budget: int) -> Fraction:
+    """``_paired_bound``'s f, in exact fractions, from its docstring."""
+    d = budget - 3 * a
+    if 2 * x > budget:
+        return 1 - paired_f(budget - x, a, budget)
+    return Fraction(0) if x <= a else min(Fraction(1, 2), Fraction(x - a, d))
+
+
+@settings(max_examples=examples(300), deadline=None)
+@given(budget=st.integers(3, 120), data=st.data())
+def test_paired_function_sums_to_at_most_one_in_any_batch(budget, data):
+    # the docstring's claim: every set of lengths that fits one batch has sum f <= 1, for every threshold
+    a = data.draw(st.integers(0, (budget - 1) // 3))
+    batch = data.draw(st.lists(st.integers(0, budget), min_size=1, max_size=8).filter(lambda b: sum(b) <= budget))
+    assert sum(paired_f(x, a, budget) for x in batch) <= 1
+
+
+@settings(max_examples=examples(300), deadline=None)
+@given(lengths=st.lists(st.integers(0, 60), min_size=1, max_size=9), budget=st.integers(3, 130))
+def test_paired_bound_is_a_lower_bound(lengths, budget):
+    from streambatch.core.bounds import _paired_bound
+
+    arr = np.array([x for x in lengths if x <= budget], dtype=np.int64)
+    if arr.size == 0:
+        return
+    values, counts = np.unique(arr, return_counts=True)
+    got = _paired_bound(values[::-1].copy(), counts[::-1].copy(), budget)
+    assert got <= brute_fewest(arr.tolist(), budget, 1000, True)
+    # and it is the best threshold's sum, rounded up (the breakpoints hold the best one)
+    want = max(sum(paired_f(int(x), a, budget) for x in arr) for a in range(0, (budget - 1) // 3 + 1))
+    assert got == math.ceil(want)
+
+
+def test_paired_bound_counts_pairs_that_leave_room_unused():
+    # Six samples between a third and a half of the budget go at most two to a batch, with room left over
+    # that the 32, 22 and 20 cannot all use: 4 batches. Tokens say 3 (297 / 100), and so do the dual, host
+    # and count bounds; the paired one (a = 20: 42, 38, 37, 37, 35 and 34 count a half each) says 4.
+    from streambatch.core.bounds import _dual_bound, _host_bound, _paired_bound, length_histogram
+
+    arr = np.array([42, 38, 37, 37, 35, 34, 32, 22, 20], dtype=np.int64)
+    values, counts = length_histogram(arr)
+    assert brute_fewest(arr.tolist(), 100, 1000, True) == 4
+    assert max(_dual_bound(values, counts, 100), _host_bound(values, counts, 100, 1000), 3) == 3
+    assert _paired_bound(values, counts, 100) == 4 == fewest_batches(arr, 100, 1000, pack=True)

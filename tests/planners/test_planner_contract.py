@@ -38,6 +38,11 @@ NAMES = sorted(PLANNERS)
 # packed budget rule (sum of lengths) is its own contract, checked by the same tests.
 CONFIGS = [(n, {}) for n in NAMES] + [(n, {"pack": True}) for n in NAMES if "pack" in PLANNERS[n].option_names()]
 IDS = [n + ("-packed" if o else "") for n, o in CONFIGS]
+# The planners that ship with streambatch also promise that drop_last rotates what it leaves out (issue 32): over
+# 8 shuffled epochs every sample is trained. A planner of yours (STREAMBATCH_PLANNER_MODULES) is not held to it:
+# the toy of docs/design.md drops its partial final step, as the seed sampler did.
+SHIPPED = [(n, o) for n, o in CONFIGS if PLANNERS[n].plan.__module__.startswith("streambatch.")]
+SHIPPED_IDS = [n + ("-packed" if o else "") for n, o in SHIPPED]
 
 
 def check_plan(p, lengths: np.ndarray, tokens: int, size: int, world: int, drop_last: bool,
@@ -443,7 +448,7 @@ def untrained(lengths: np.ndarray, epochs: int = 8, packed: bool = False, **kw) 
     return np.flatnonzero(~seen)
 
 
-@pytest.mark.parametrize("name, options", CONFIGS, ids=IDS)
+@pytest.mark.parametrize("name, options", SHIPPED, ids=SHIPPED_IDS)
 # derandomized: the seed-exact greedy planner holds the property by its shuffled order (a sample of 3 at W = 2, cap 1,
 # is its dropped one in 8 epochs with probability 3**-8); the bounded planners by their rotation, whatever the draw
 @settings(max_examples=examples(100), deadline=None, derandomize=True)
@@ -468,7 +473,7 @@ def lognormal(n: int, seed: int = 0) -> np.ndarray:
     return np.clip(np.random.default_rng(seed).lognormal(np.log(250), 0.6, n), 20, 1500).astype(np.int64)
 
 
-@pytest.mark.parametrize("name, options", CONFIGS, ids=IDS)
+@pytest.mark.parametrize("name, options", SHIPPED, ids=SHIPPED_IDS)
 def test_every_sample_trained_on_a_larger_corpus(name, options):
     """The deterministic larger case: 6,000 log-normal lengths at W = 64 over 8 epochs."""
     lengths = lognormal(6_000)

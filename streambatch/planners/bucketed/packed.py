@@ -27,7 +27,11 @@ Steps: at most the batch rule's limit (``BatchConstraint.step_limit``:
 1.05 x the fewest + 1, or ``max_steps``), the fewest here being a
 bin-packing lower bound (``core/bounds.py``); a plan over it is planned again
 the other way (the short samples shared out where they were not, or not where
-they were: ``cap_binds``), and the one with fewer steps kept.
+they were: ``cap_binds``), and the one with fewer steps kept. Still over it
+(no cost cap, no curve, no ``drop_last``, no sample over the budget), the
+samples are dealt into a fixed number of batches (``packed_even.py``: where
+the size cap binds, best fit step by step loses slots), the fewest steps
+that fill kept when they are fewer.
 
 ``drop_last=True`` leaves out (and returns as ``Plan.leftover``) the final
 step when the data ran out before its bins were full; without it a final
@@ -46,6 +50,8 @@ from ...core.bounds import length_histogram
 from ...core.constraint import NO_TABLE, BatchConstraint
 from ...core.cost import INT64_MAX
 from ...core.plan import Plan, assemble, finish_last_step, index_dtype
+
+_EVEN_SALT = 0x6576656E  # "even": the key of ``packed_even``'s tie order
 
 
 def rotate_ranks(samples: np.ndarray, counts: np.ndarray, rot: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -119,6 +125,22 @@ def plan_packed(lengths: np.ndarray, constraint: BatchConstraint, world_size: in
                       pack_plan, table_size)
         if other[2] < k:
             out, counts, k, complete = other
+    if (limit is not None and k > limit and not constraint.curved and max_cost == INT64_MAX and not drop_last
+            and lmax <= tokens and n >= w * max(bound.steps, 1)):
+        # Still over: where the size cap binds, best fit step by step loses slots (``packed_even.py``). A fixed
+        # number of batches, each sample to the emptiest with a free slot, as few steps as fill.
+        from .packed_even import plan_even  # lazy for start-up: no numba before the first plan
+
+        even = plan_even(lengths, w, max(bound.steps, 1), limit, tokens, cap, ca, cb, np.uint64(int(key) ^ _EVEN_SALT))
+        if even is not None and even[1].shape[0] < k:
+            grouped, by_step = even
+            out = np.empty(n + w, dtype=dtype)
+            out[:n] = grouped
+            k = by_step.shape[0]
+            # rank r of step s takes the step's batch (r + s) % W: batch j goes to rank (j - s) % W
+            out[:n], by_rank = rotate_ranks(out[:n], by_step, (-np.arange(k, dtype=np.int64)) % w)
+            counts = by_rank.ravel()
+            complete = True
     counts = counts[: k * w].reshape(k, w)
     leftover = None
     padded = 0

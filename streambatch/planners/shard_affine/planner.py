@@ -50,13 +50,10 @@ worker computes every rank's share without talking):
    in streaming, the window's share of the epoch's limit, ``epoch/step_budget.py``;
    as a planner of its own, 1.10 x the fewest + 1, ``STEP_SLACK``). Over it,
    the walk is tried again with each step's target raised towards the ranks'
-   full batches (``walk.affine_steps``' ``target_rank``, in quarters of the
-   ranks, then halving between the highest target over the cap and the
-   lowest within it, in FRAC-ths of a rank: the lowest target within the
-   cap, spending its steps on balance), keeping the one within the cap that
-   plans the shortest epoch under the cost plus the default per-step term;
-   when none is within, the window (the same cut: each rank still streams
-   its own piece) is planned across ranks by the
+   full batches (``walk.affine_steps``' ``target_rank``), keeping the one
+   within the cap that plans the shortest epoch under the cost plus the
+   default per-step term; when none is within, the window (the same cut:
+   each rank still streams its own piece) is planned across ranks by the
    cross-rank planner, each sample a rank trains without holding it one
    ranged read.
 
@@ -109,9 +106,6 @@ RELAX_TOL = 0.03
 # ranks by this registered planner, looked up by name: a planner composes another through the registry, never by
 # importing it.
 CROSS_RANK_PLANNER = "bucketed"
-# A walk's target in FRAC-ths of a rank (``walk.FRAC``, the same number: that module is compiled code, imported
-# lazily): target t aims at the (t // FRAC)-th cheapest full batch, raised (t % FRAC) / FRAC towards the next.
-FRAC = 16
 
 
 @dataclass(frozen=True)
@@ -220,9 +214,8 @@ def plan_affine_window(carry_len: np.ndarray, carry_holder: np.ndarray, new_len:
     walked again with the step's target raised to a quarter, half, three
     quarters and all of the ranks' full batches (``affine_steps``'
     ``target_rank``; all: every rank takes its full batch, the fewest steps
-    its own samples allow), then at the lowest target within the cap (halving
-    between those, in FRAC-ths of a rank: ``target_frac``), and of those
-    within the cap the one planning the shortest epoch under the cost plus the default per-step term
+    its own samples allow), and of those within the cap the one planning the
+    shortest epoch under the cost plus the default per-step term
     (``BatchConstraint.default_step_cost``) is kept. When none is within it
     (each rank's own samples, cut into batches, lose up to a batch each:
     many steps' worth where windows hold few steps), the same cut is planned
@@ -242,36 +235,17 @@ def plan_affine_window(carry_len: np.ndarray, carry_holder: np.ndarray, new_len:
     np.add.at(carry_w, carry_holder, weights[:c])
     new_w = weights[c:]
     shares = water_levels(carry_w, int(new_w.sum()))
-    tried = {}  # target (in FRAC-ths of a rank, walk.affine_steps' target_rank * FRAC + target_frac) -> window
-
-    def walk(target: int) -> AffineWindow:
-        if target not in tried:
-            tried[target] = _plan_window(lengths, weights, pooled, carry_holder, new_w, shares, constraint, shuffle,
-                                         final, drop_last, seed, bucket_width, groups, target, max_steps)
-        return tried[target]
-
+    tried = []
     for rank in sorted({0, w // 4, w // 2, (3 * w) // 4, w - 1}):
-        aw = walk(rank * FRAC)
+        aw = _plan_window(lengths, weights, pooled, carry_holder, new_w, shares, constraint, shuffle, final,
+                          drop_last, seed, bucket_width, groups, rank, max_steps)
         if max_steps is None or (rank == 0 and aw.plan.num_steps <= max_steps):
             return aw  # the balanced walk, when it is within the cap
-    # The coarse targets jump: the lowest within the cap may take steps well under it, each dearer (a raised
-    # target fills the ranks' batches of long samples, up to a full batch at the budget). Halving between the
-    # highest target below it that is over the cap and it finds the lowest target within the cap, which spends
-    # the cap's steps on balance (measured on Common Voice Pashto, W = 16, budget 4 x the longest: 58 steps of a
-    # 61-step cap, its epoch 1.10x the balanced walk's 65 steps, before).
-    low = min((t for t, a in tried.items() if a.plan.num_steps <= max_steps), default=None)
-    if low is not None:
-        lo, hi = max(t for t in tried if t < low), low  # the balanced walk (0) is over the cap here
-        while hi - lo > 1:
-            mid = (lo + hi) // 2
-            if walk(mid).plan.num_steps <= max_steps:
-                hi = mid
-            else:
-                lo = mid
-    within = [a for a in tried.values() if a.plan.num_steps <= max_steps]
+        tried.append(aw)
+    within = [a for a in tried if a.plan.num_steps <= max_steps]
     if not within:
         # the same cut planned across ranks, within the cap (each rank still streams its own piece)
-        aw = min(tried.values(), key=lambda a: a.plan.num_steps)
+        aw = min(tried, key=lambda a: a.plan.num_steps)
         plan = _cross_rank(lengths, limits, w, shuffle, drop_last if final else True, seed, bucket_width, max_steps,
                            carry=not final)
         return dataclasses.replace(aw, plan=plan, leftover=plan.leftover)
@@ -301,10 +275,10 @@ def _epoch(plan: Plan, lengths: np.ndarray, constraint: BatchConstraint, c0: flo
 
 def _plan_window(lengths: np.ndarray, weights: np.ndarray, pooled: np.ndarray, carry_holder: np.ndarray,
                  new_w: np.ndarray, shares: np.ndarray, constraint: BatchConstraint, shuffle: bool, final: bool,
-                 drop_last: bool, seed: int, bucket_width: float, groups: np.ndarray | None, target: int,
+                 drop_last: bool, seed: int, bucket_width: float, groups: np.ndarray | None, target_rank: int,
                  max_steps: int | None) -> AffineWindow:
     """Steps 1-6 of the module docstring for one window (``plan_affine_window``'s checked values, its
-    constraint bound to the window's lengths), the walk aiming at ``target`` (in FRAC-ths of a rank)."""
+    constraint bound to the window's lengths), the walk aiming at ``target_rank``."""
     n = lengths.shape[0]
     w = constraint.world_size
     limits = constraint.limits
@@ -321,7 +295,7 @@ def _plan_window(lengths: np.ndarray, weights: np.ndarray, pooled: np.ndarray, c
         walker = np.where(pooled, w, holder)  # pooled samples sort after every rank's segment
         order = np.lexsort((tags, lengths, walker)).astype(np.int64)
         starts = np.searchsorted(walker[order], np.arange(w + 1)).astype(np.int64)
-        samples, counts, rest = _walk(lengths, order, starts, constraint, target)
+        samples, counts, rest = _walk(lengths, order, starts, constraint, target_rank)
         if best is None or rest.size < best[-1].size:
             best = (cuts, holder, order, starts, samples, counts, rest)
         if rest.size == 0:
@@ -362,13 +336,12 @@ def _plan_window(lengths: np.ndarray, weights: np.ndarray, pooled: np.ndarray, c
 
 
 def _walk(lengths: np.ndarray, order: np.ndarray, starts: np.ndarray, constraint: BatchConstraint,
-          target: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+          target_rank: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Step 3, the walk of every rank's own samples at one pace.
 
     order: (n,) int64 window indices, each rank's segment
     ``starts[r]:starts[r + 1]`` ascending by length (the pooled ones after
-    ``starts[W]``); target: in FRAC-ths of a rank (``walk.affine_steps``'
-    target_rank and target_frac). Returns (samples
+    ``starts[W]``); target_rank: ``walk.affine_steps``'. Returns (samples
     grouped by (step, rank), (k, W) int64 batch sizes, rest: the samples
     the walk left, rank by rank)."""
     from .walk import affine_steps, packed_affine_steps  # lazy for start-up: no numba before the first plan
@@ -378,7 +351,7 @@ def _walk(lengths: np.ndarray, order: np.ndarray, starts: np.ndarray, constraint
     walk = packed_affine_steps if constraint.pack else affine_steps
     table = constraint.token_table if constraint.pack else constraint.size_table
     counts, k, pos = walk(slen, starts, constraint.max_tokens, constraint.max_size, *constraint.coefficients,
-                          constraint.max_cost, target // FRAC, table, target % FRAC)
+                          constraint.max_cost, target_rank, table)
     counts = counts[:k]
     rest = order[np.concatenate([np.arange(pos[r], starts[r + 1]) for r in range(w)]).astype(np.int64)]
     # rank r's batches are consecutive slices of its segment of ``order``

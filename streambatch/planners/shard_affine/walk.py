@@ -12,8 +12,6 @@ import numpy as np
 from ...core.jit import njit  # numba's, with a cache that may fail to save (core/jit.py)
 from ..toolkit import _cost, _over
 
-FRAC = 16  # target_frac's unit: 1 / FRAC of the way from one rank's full batch cost to the next
-
 
 @njit(cache=True)
 def _fits(count, longest, max_tokens, max_size, max_cost, ca, cb, tab):
@@ -32,19 +30,7 @@ def _packed_over(tok, slen, ttab, p, e):
 
 
 @njit(cache=True)
-def _raised(fc, target_rank, target_frac):
-    """The target_rank-th cheapest of the ranks' full batch costs ``fc`` (W,)
-    int64, raised ``target_frac`` / FRAC of the way to the next costlier one
-    (integers: every machine walks alike)."""
-    w = fc.shape[0]
-    s = np.sort(fc)
-    a = s[min(target_rank, w - 1)]
-    d = s[min(target_rank + 1, w - 1)] - a
-    return a + (d // FRAC) * target_frac + (d % FRAC) * target_frac // FRAC
-
-
-@njit(cache=True)
-def affine_steps(slen, starts, max_tokens, max_size, ca, cb, max_cost, target_rank, tab, target_frac=0):
+def affine_steps(slen, starts, max_tokens, max_size, ca, cb, max_cost, target_rank, tab):
     """Cut every rank's own samples into the same number of global steps.
 
     slen: (n,) int64 lengths, ascending within each rank's segment
@@ -69,9 +55,7 @@ def affine_steps(slen, starts, max_tokens, max_size, ca, cb, max_cost, target_ra
     batch costs no more take it, the others the prefix nearest it. W - 1:
     every rank takes its full batch, the fewest steps the ranks' own samples
     allow; between, fewer steps than the balanced walk at some balance, for
-    a window that walk would give more steps than its cap. target_frac (0
-    to FRAC - 1): the target raised that many FRAC-ths of the way from the
-    target_rank-th cheapest to the next (finer steps between two ranks).
+    a window that walk would give more steps than its cap.
 
     tab: (> max length,) int64 the limit curve's largest batch per padded
     length (``BatchConstraint.size_table``), or (0,): none. It is
@@ -106,8 +90,8 @@ def affine_steps(slen, starts, max_tokens, max_size, ca, cb, max_cost, target_ra
             full[r] = e
             fc[r] = _cost(ca, cb, e - p, slen[e - 1])
             target = min(target, fc[r])
-        if target_rank > 0 or target_frac > 0:
-            target = _raised(fc, target_rank, target_frac)
+        if target_rank > 0:
+            target = np.sort(fc)[min(target_rank, w - 1)]
         for r in range(w):
             p = pos[r]
             aim = target
@@ -134,7 +118,7 @@ def affine_steps(slen, starts, max_tokens, max_size, ca, cb, max_cost, target_ra
 
 
 @njit(cache=True)
-def packed_affine_steps(slen, starts, max_tokens, max_size, ca, cb, max_cost, target_rank, ttab, target_frac=0):
+def packed_affine_steps(slen, starts, max_tokens, max_size, ca, cb, max_cost, target_rank, ttab):
     """``affine_steps`` for packed batches: a batch's tokens are the sum of
     its lengths (no padding) and its cost the sum of its samples' costs.
 
@@ -151,7 +135,7 @@ def packed_affine_steps(slen, starts, max_tokens, max_size, ca, cb, max_cost, ta
     16,000, W = 8) but left the middle lengths, about a batch per rank, to
     carry or to plan across ranks in the final window (1,715 samples vs 9;
     342 ranged reads vs 7), where prefixes leave the few longest. The walk
-    stops when any rank has no sample left. target_rank, target_frac: as ``affine_steps``.
+    stops when any rank has no sample left. target_rank: as ``affine_steps``.
     ttab: (> max length,) int64 the limit curve as tokens per longest length
     (``BatchConstraint.token_table``), or (0,): none. Whether a prefix keeps
     within it need not grow or shrink with the prefix (a longer last sample
@@ -199,8 +183,8 @@ def packed_affine_steps(slen, starts, max_tokens, max_size, ca, cb, max_cost, ta
             full[r] = lo
             fc[r] = cst[lo] - cst[p]
             target = min(target, fc[r])
-        if target_rank > 0 or target_frac > 0:
-            target = _raised(fc, target_rank, target_frac)
+        if target_rank > 0:
+            target = np.sort(fc)[min(target_rank, w - 1)]
         for r in range(w):
             p = pos[r]
             # largest e in [p + 1, full[r]] costing <= target, or the next one if nearer

@@ -11,7 +11,17 @@ import numpy as np
 from streambatch.core.constraint import BatchLimits
 from streambatch.core.plan_time import epoch_time
 from streambatch.planners.bucketed.planner import plan_bucketed
-from tests.planners.shard_affine.test_planner import heavy_tailed_window
+
+
+def heavy_tailed_window(seed: int, long: tuple[int, int] = (1000, 8000)) -> np.ndarray:
+    """(n,) int64 log-normal lengths (median ~220) with 3-29 long ones (``long``: their range): a streamed window
+    whose balanced walk or layouts take more steps than its cap."""
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(1500, 4000))
+    lengths = np.ceil(np.exp(rng.normal(5.4, 0.45, n))).astype(np.int64)
+    k = int(rng.integers(3, 30))
+    lengths[rng.choice(n, k, replace=False)] = rng.integers(*long, k)
+    return lengths
 
 
 def test_a_window_capped_at_its_fewest_tries_the_fill_under_a_lower_cost_cap():

@@ -9,8 +9,7 @@ from hypothesis import strategies as st
 
 from streambatch.core.constraint import NO_TABLE, BatchLimits
 from streambatch.core.cost import CostModel
-from streambatch.planners.shard_affine import planner as affine_planner
-from streambatch.planners.shard_affine.walk import FRAC, _fits, affine_steps, packed_affine_steps
+from streambatch.planners.shard_affine.walk import _fits, affine_steps, packed_affine_steps
 from tests.support.helpers import examples
 
 # ------------------------------------------------------------ the walk kernel
@@ -21,18 +20,10 @@ def curve_sizes(curve, cap):
     return lambda L: cap if curve is None else max(1, min(cap, int(curve.max_batch_size(L))))
 
 
-def raised(costs, target_rank, target_frac=0):
-    """The target_rank-th cheapest of ``costs``, raised target_frac / FRAC of the way to the next (floor)."""
-    s = sorted(costs)
-    a = s[min(target_rank, len(s) - 1)]
-    return a + (s[min(target_rank + 1, len(s) - 1)] - a) * target_frac // FRAC
-
-
-def naive_walk(slen, starts, tokens, cap, target_rank=0, curve=None, target_frac=0):
+def naive_walk(slen, starts, tokens, cap, target_rank=0, curve=None):
     """The walk of ``affine_steps`` (quadratic cost, no cost cap), written out;
-    ``target_rank``: the target is that cheapest of the ranks' full batches,
-    raised ``target_frac`` / FRAC of the way to the next; ``curve``: a
-    LimitCurve the full batches stay within."""
+    ``target_rank``: the target is that cheapest of the ranks' full batches;
+    ``curve``: a LimitCurve the full batches stay within."""
     size_at = curve_sizes(curve, cap)
     w = len(starts) - 1
     pos = list(starts[:-1])
@@ -45,7 +36,7 @@ def naive_walk(slen, starts, tokens, cap, target_rank=0, curve=None, target_frac
                    and e + 1 - pos[r] <= size_at(slen[e])):
                 e += 1
             fulls.append(e)
-        target = raised([(e - p) * slen[e - 1] ** 2 for p, e in zip(pos, fulls)], target_rank, target_frac)
+        target = sorted((e - p) * slen[e - 1] ** 2 for p, e in zip(pos, fulls))[min(target_rank, w - 1)]
         row = []
         for r in range(w):
             costs = {e: (e - pos[r]) * slen[e - 1] ** 2 for e in range(pos[r] + 1, fulls[r] + 1)}
@@ -61,20 +52,19 @@ def naive_walk(slen, starts, tokens, cap, target_rank=0, curve=None, target_frac
 
 @settings(max_examples=examples(100), deadline=None)
 @given(st.integers(1, 5), st.lists(st.integers(0, 60), min_size=1, max_size=40), st.integers(50, 500),
-       st.integers(1, 8), st.randoms(use_true_random=False), st.integers(0, 5), st.sampled_from([0, 1, 77, FRAC - 1]))
-def test_walk_matches_naive_twin(w, pool, tokens, cap, rnd, target_rank, target_frac):
+       st.integers(1, 8), st.randoms(use_true_random=False), st.integers(0, 5))
+def test_walk_matches_naive_twin(w, pool, tokens, cap, rnd, target_rank):
     sizes = [rnd.randint(0, len(pool)) for _ in range(w)]
     segs = [sorted(rnd.choice(pool) for _ in range(n)) for n in sizes]
     slen = np.array([x for s in segs for x in s], dtype=np.int64)
     starts = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
-    counts, k, pos = affine_steps(slen, starts, tokens, cap, 1, 0, np.iinfo(np.int64).max, target_rank, NO_TABLE,
-                                  target_frac)
-    want, want_pos = naive_walk(slen.tolist(), starts.tolist(), tokens, cap, target_rank, target_frac=target_frac)
+    counts, k, pos = affine_steps(slen, starts, tokens, cap, 1, 0, np.iinfo(np.int64).max, target_rank, NO_TABLE)
+    want, want_pos = naive_walk(slen.tolist(), starts.tolist(), tokens, cap, target_rank)
     assert counts[:k].tolist() == want
     assert pos.tolist() == want_pos
 
 
-def naive_packed_walk(slen, starts, tokens, cap, max_cost, target_rank=0, curve=None, target_frac=0):
+def naive_packed_walk(slen, starts, tokens, cap, max_cost, target_rank=0, curve=None):
     """The walk of ``packed_affine_steps`` (quadratic cost): prefixes whose
     tokens and costs are sums over their samples, written out; ``curve``: a
     LimitCurve: a prefix of more than one sample holding more tokens than
@@ -102,7 +92,7 @@ def naive_packed_walk(slen, starts, tokens, cap, max_cost, target_rank=0, curve=
             while over(pos[r], e):
                 e -= 1
             fulls.append(e)
-        target = raised([cost(p, e) for p, e in zip(pos, fulls)], target_rank, target_frac)
+        target = sorted(cost(p, e) for p, e in zip(pos, fulls))[min(target_rank, w - 1)]
         row = []
         for r in range(w):
             costs = {e: cost(pos[r], e) for e in range(pos[r] + 1, fulls[r] + 1)}
@@ -121,15 +111,14 @@ def naive_packed_walk(slen, starts, tokens, cap, max_cost, target_rank=0, curve=
 @settings(max_examples=examples(100), deadline=None)
 @given(st.integers(1, 5), st.lists(st.integers(0, 60), min_size=1, max_size=40), st.integers(50, 500),
        st.integers(1, 8), st.one_of(st.just(np.iinfo(np.int64).max), st.integers(1, 20_000)),
-       st.randoms(use_true_random=False), st.integers(0, 5), st.sampled_from([0, 1, 77, FRAC - 1]))
-def test_packed_walk_matches_naive_twin(w, pool, tokens, cap, max_cost, rnd, target_rank, target_frac):
+       st.randoms(use_true_random=False), st.integers(0, 5))
+def test_packed_walk_matches_naive_twin(w, pool, tokens, cap, max_cost, rnd, target_rank):
     sizes = [rnd.randint(0, len(pool)) for _ in range(w)]
     segs = [sorted(rnd.choice(pool) for _ in range(n)) for n in sizes]
     slen = np.array([x for s in segs for x in s], dtype=np.int64)
     starts = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
-    counts, k, pos = packed_affine_steps(slen, starts, tokens, cap, 1, 0, max_cost, target_rank, NO_TABLE, target_frac)
-    want, want_pos = naive_packed_walk(slen.tolist(), starts.tolist(), tokens, cap, max_cost, target_rank,
-                                       target_frac=target_frac)
+    counts, k, pos = packed_affine_steps(slen, starts, tokens, cap, 1, 0, max_cost, target_rank, NO_TABLE)
+    want, want_pos = naive_packed_walk(slen.tolist(), starts.tolist(), tokens, cap, max_cost, target_rank)
     assert counts[:k].tolist() == want
     assert pos.tolist() == want_pos
 
@@ -159,11 +148,6 @@ def test_walks_with_a_limit_curve_match_naive_twins(w, pool, tokens, cap, rnd, t
         want, want_pos = naive_walk(slen.tolist(), starts.tolist(), tokens, cap, target_rank, curve)
     assert counts[:k].tolist() == want
     assert pos.tolist() == want_pos
-
-
-def test_target_unit_is_the_kernels():
-    # the plan layer mirrors the kernel module's FRAC (it imports that compiled module lazily)
-    assert affine_planner.FRAC == FRAC
 
 
 # ------------------------------------------------------------ the walk's cost against CostModel
