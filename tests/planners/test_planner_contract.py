@@ -21,7 +21,7 @@ from collections import Counter
 
 import numpy as np
 import pytest
-from hypothesis import assume, example, given, settings
+from hypothesis import Phase, assume, example, given, settings
 from hypothesis import strategies as st
 
 from streambatch import LongSampleWarning, make_plan
@@ -425,7 +425,8 @@ def big_corpora(tmp_path_factory) -> dict[str, tuple[str, np.ndarray]]:
 # It runs every time and reports; the deterministic streamed tests above hold the bound where it is proven.
 @pytest.mark.xfail(reason="issue 30: a rare streamed configuration found by the broad search is over its bound",
                    strict=False)
-@settings(max_examples=examples(25), deadline=None)
+# no shrinking: a failure is reported at once instead of minutes of shrinking 45,000-sample corpora
+@settings(max_examples=examples(25), deadline=None, phases=(Phase.explicit, Phase.reuse, Phase.generate))
 @given(family=st.sampled_from((*FAMILIES, "big-heavy", "big-bimodal")), mode=st.sampled_from(["sample", "shard"]),
        factor=st.floats(0.2, 4.0), size=st.sampled_from([1, 7, 64, 1000]),
        world=st.one_of(st.integers(1, 16), st.sampled_from([64, 100, 512])), packed=st.booleans(),
