@@ -162,7 +162,8 @@ class Window:
         """(k,) int64 lengths of the samples this window settles: those its
         steps train (padding repeats once), and in the epoch's last window
         those it drops; not those it carries into the next window."""
-        assert self.lengths is not None, "windows of the epoch plan carry their lengths"
+        if self.lengths is None:  # an internal invariant, kept under python -O too
+            raise RuntimeError("planned_lengths needs the window's lengths (windows of the epoch plan carry them)")
         keep = np.zeros(self.lengths.shape[0], dtype=bool)
         keep[self.plan.samples] = True
         if self.last and self.plan.leftover is not None:
