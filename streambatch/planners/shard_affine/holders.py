@@ -15,6 +15,15 @@ from typing import Any
 
 import numpy as np
 
+# The most work ``relax_to_holders`` does in one call, in batch members handled (each candidate swap rebuilds and
+# prices its two batches; RELAX_OVERHEAD more for the candidate itself). Its search is pure Python and quadratic in
+# the pool (every misplaced sample against every batch of its holder): a pool of 27,000 samples over the budget at
+# W = 8 took 75 s of an 80 s plan, batches of up to 1,000 at W = 13 over 60 s. Past this much (about 1-2 s) the rest
+# is left where the plan put it: the swaps only spare ranged reads, never change steps, sizes or budgets. A count,
+# not a clock, so plans stay deterministic.
+RELAX_WORK = 2_000_000
+RELAX_OVERHEAD = 10
+
 
 def to_holders(samples: np.ndarray, counts: np.ndarray, holder: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Give each batch of a step to the rank holding most of its samples.
@@ -108,7 +117,7 @@ def swap_to_holders(samples: np.ndarray, counts: np.ndarray, holder: np.ndarray,
 
 def relax_to_holders(samples: np.ndarray, counts: np.ndarray, holder: np.ndarray, lengths: np.ndarray,
                      cost: Any, max_tokens: int, max_cost: int, tol: float, packed: bool = False,
-                     table: np.ndarray | None = None) -> np.ndarray:
+                     table: np.ndarray | None = None, work: int = RELAX_WORK) -> np.ndarray:
     """Swap pairs of samples between batches (of any steps) where one more of
     them lands with its holder, if both batches stay within budget, no
     step's costliest batch gets costlier and no step's balance (sum of its
@@ -119,8 +128,9 @@ def relax_to_holders(samples: np.ndarray, counts: np.ndarray, holder: np.ndarray
     and cost count the sum over their samples, ``CostModel.packed_cost``).
     table: the limit curve, as the largest batch per padded length
     (``BatchConstraint.size_table``), or for packed batches the most tokens
-    per longest length (``token_table``); None or (0,): none. Returns the
-    samples regrouped."""
+    per longest length (``token_table``); None or (0,): none. ``work``: the
+    most candidate swaps priced (``RELAX_WORK``); batches after it is spent
+    are left as they are. Returns the samples regrouped."""
     curve = table is not None and table.shape[0] > 0
     k, w = counts.shape
     offsets = np.concatenate([[0], np.cumsum(counts.ravel())])
@@ -147,17 +157,20 @@ def relax_to_holders(samples: np.ndarray, counts: np.ndarray, holder: np.ndarray
     top = [max(bc[s * w : (s + 1) * w]) for s in range(k)]
     floor = [balance(total[s], top[s]) - tol for s in range(k)]
     for bx in range(k * w):
+        if work <= 0:
+            break
         rx, sx = bx % w, bx // w
         for a in list(batches[bx]):
             ha = hold[a]
-            if ha == rx:
+            if ha == rx or work <= 0:
                 continue
             best = None
             for sy in range(k):
                 by = sy * w + ha
                 for b in batches[by]:
-                    if hold[b] == ha or by == bx:
+                    if hold[b] == ha or by == bx or work <= 0:
                         continue
+                    work -= RELAX_OVERHEAD + len(batches[bx]) + len(batches[by])
                     nx = [b if i == a else i for i in batches[bx]]
                     ny = [a if i == b else i for i in batches[by]]
                     cx, cy = price(bx, nx), price(by, ny)
