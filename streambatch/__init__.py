@@ -30,6 +30,7 @@ _LAZY = {
     "GlobalBatchSampler": ".integrations.accelerate",
     "seconds_to_frames": ".core.units",
     "LongSampleWarning": ".core.long_samples",
+    "PlanChangedWarning": ".core.state",
     "MemoryModel": ".core.memory",
     "LimitCurve": ".core.limits",
     "PreflightError": ".torch_glue.preflight",

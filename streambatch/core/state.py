@@ -33,6 +33,7 @@ costs: at most a plan at max(N, W, MAX_RANKS) ranks.
 from __future__ import annotations
 
 import numbers
+import warnings
 from collections.abc import Mapping
 from typing import Any, Protocol, runtime_checkable
 
@@ -53,8 +54,18 @@ SKIPPED = "skipped"          # int: samples skipped so far (on_error="skip"), al
 # elastic resume and mixing (present only when they apply)
 SEGMENTS = "segments"        # list of [world_size, steps]: the epoch's runs at earlier world sizes, in order
 SOURCES = "sources"          # list of [cycle, position]: where each mixed source's cycle stands at the epoch start
+PLANS = "plans"              # int: the plan generation (PLAN_GENERATION) of the streambatch that saved the state
 HISTORY = "history"          # int: 63-bit digest of (fingerprint, epoch, segments), written with segments; states
                              # saved before it existed have none and are checked by the bounds alone
+
+# The generation of plans. Raise it in any change that plans an epoch of the same data and settings differently
+# (the fingerprint covers data and settings, not the planner's code): a state saved mid-epoch by another generation
+# resumes that epoch under this one's plan, which trains some of its samples twice and others not at all in that
+# epoch; loading one warns (``PlanChangedWarning``). 1: issue 30's step limit and the shard windows' carry counted
+# (states saved before had no generation: the plans of that time, which issue 30 and 32 changed).
+PLAN_GENERATION = 1
+# Planners whose plans no generation changed: the seed-exact greedy planner plans the seed's batches in every one.
+UNCHANGED_PLANNERS = ("greedy",)
 
 # Older names still accepted when loading (version 1 sampler states).
 ALIASES = {"batches_consumed": STEP}
@@ -104,6 +115,29 @@ def read_state(state: Any, kind: str, required: tuple[str, ...], versions: tuple
         raise ValueError(f"not a {kind} state: missing key(s) {', '.join(missing)} (a {kind} state holds "
                          f"{', '.join(required)}); pass what {kind}.state_dict() returned")
     return out
+
+
+class PlanChangedWarning(UserWarning):
+    """A state saved mid-epoch by a streambatch that planned that epoch differently: its rest is planned anew."""
+
+
+def warn_if_replanned(state: Mapping[str, Any], kind: str, planner: str, epoch: int, step: int) -> None:
+    """Warn (``PlanChangedWarning``) when ``state`` (checked, current key names) was saved ``step`` > 0 steps
+    into ``epoch`` by a streambatch of another plan generation (``PLAN_GENERATION``; none recorded: older
+    than 2026-12-04) and ``planner`` is not one whose plans never changed. At an epoch's start (step 0) every
+    generation resumes the same: nothing of it trained yet."""
+    saved = state.get(PLANS)
+    if step == 0 or saved == PLAN_GENERATION or planner in UNCHANGED_PLANNERS:
+        return
+    by = "before plan generations were recorded" if saved is None else f"with plan generation {saved!r:.20}"
+    warnings.warn(
+        f"{kind}: this state was saved {step} step(s) into epoch {epoch} by a streambatch {by}; this one plans "
+        f"generation {PLAN_GENERATION}, whose plan of that epoch may differ (planner={planner!r}), so the rest of "
+        f"epoch {epoch} is planned anew: some samples its first steps trained may be trained again and others not "
+        "at all this epoch (the epochs after it are whole). To keep the epoch exactly once, finish it with the "
+        "streambatch that saved the state, then upgrade; or accept it for this one epoch "
+        "(warnings.filterwarnings('ignore', category=streambatch.PlanChangedWarning))", PlanChangedWarning,
+        stacklevel=3)
 
 
 def state_int(state: Mapping[str, Any], key: str, minimum: int = 0, maximum: int | None = None,

@@ -76,6 +76,7 @@ class SamplerStateMixin:
             S.WORLD_SIZE: self.world_size,
             S.FINGERPRINT: self._fingerprint,
             S.CONFIG: self.config.describe(),
+            S.PLANS: S.PLAN_GENERATION,
         }
         if self._segments:
             state[S.SEGMENTS] = [list(seg) for seg in self._segments]
@@ -132,6 +133,7 @@ class SamplerStateMixin:
                 raise ValueError(f"state['step'] = {step} is beyond the {base + plan.num_steps} steps of epoch "
                                  f"{epoch}; the state does not belong to this sampler's plan")
             fp = self._fp(plan) ^ base
+            S.warn_if_replanned(s, "DynamicBatchSampler", self.config.planner, epoch, step)
         except Exception as exc:
             failure = exc
         self._agree({"fingerprint": fp, "epoch": epoch, "start batch": step},

@@ -94,6 +94,8 @@ def read_position(state: Any, plan: EpochPlan, info: Any) -> Position:
         # world's steps are checked when the rest of the epoch is planned from them)
         raise ValueError(f"state['step'] = {step} is beyond the {plan.summary(epoch, segments).steps} steps of "
                          f"epoch {epoch}; the state does not belong to this dataset")
+    # a worker's state at the epoch's start holds its own first step (its id): none of the epoch trained yet
+    S.warn_if_replanned(s, "StreamingBatches", plan.config.planner, epoch, step if worker is None else max(0, step - num_workers + 1))
     return Position(epoch, step, worker, num_workers, skipped, world, segments)
 
 
@@ -178,7 +180,7 @@ def segments_key(segments: Segments) -> int:
 
 # The order of a saved state's keys, as the dataset has always written them.
 STATE_KEYS = (S.VERSION, S.EPOCH, S.STEP, S.WORKER, S.NUM_WORKERS, S.WORLD_SIZE, S.SEED, S.FINGERPRINT, S.CONFIG,
-              S.SKIPPED, S.SEGMENTS, S.HISTORY, S.SOURCES)
+              S.SKIPPED, S.SEGMENTS, S.HISTORY, S.SOURCES, S.PLANS)
 
 
 def ordered_state(position: dict[str, Any], world_size: int, config: Any, fingerprint: int,
@@ -188,7 +190,7 @@ def ordered_state(position: dict[str, Any], world_size: int, config: Any, finger
     name (``config.describe()``) and, for a mix, each source's (cycle,
     position) at the epoch's start. Keys in the ``core/state.py`` format."""
     state = {S.VERSION: S.STATE_VERSION, S.WORLD_SIZE: world_size, S.SEED: config.seed, S.FINGERPRINT: fingerprint,
-             S.CONFIG: config.describe(), **position}
+             S.CONFIG: config.describe(), S.PLANS: S.PLAN_GENERATION, **position}
     if sources is not None:
         state[S.SOURCES] = [list(p) for p in sources]
     return {k: state[k] for k in STATE_KEYS if k in state}
