@@ -95,7 +95,8 @@ def read_position(state: Any, plan: EpochPlan, info: Any) -> Position:
         raise ValueError(f"state['step'] = {step} is beyond the {plan.summary(epoch, segments).steps} steps of "
                          f"epoch {epoch}; the state does not belong to this dataset")
     # a worker's state at the epoch's start holds its own first step (its id): none of the epoch trained yet
-    S.warn_if_replanned(s, "StreamingBatches", plan.config.planner, epoch, step if worker is None else max(0, step - num_workers + 1))
+    trained = step if worker is None else max(0, step - num_workers + 1)
+    S.warn_if_replanned(s, "StreamingBatches", plan.config.planner, epoch, trained)
     return Position(epoch, step, worker, num_workers, skipped, world, segments)
 
 
