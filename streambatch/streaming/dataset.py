@@ -78,8 +78,9 @@ class StreamingBatches(IterableDataset):
         shard against its indexed digest; remote shards are checked against their indexed size and ETag unless False
         (``options.Checks``).
     window_samples: samples planned together (consecutive shards until they hold this many): larger windows shuffle
-        wider and balance better; memory is ~50 bytes per sample of one window. Default 20,000; in shard mode
-        max(20,000, 2,500 x W).
+        wider and balance better; memory is ~50 bytes per sample of one window. Default max(20,000, 2,500 x W)
+        in both read modes (every rank's share the same at any W: small windows of few steps each cost the epoch
+        steps or balance).
     read_mode: ``"sample"`` (each window planned across all ranks; a rank reads its samples by offset: local
         files), ``"shard"`` (each rank trains a contiguous piece of the window's shards, which it alone streams:
         each byte crosses the network once per epoch; the bucketed planner's options) or None: ``"sample"`` when

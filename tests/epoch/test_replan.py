@@ -124,6 +124,40 @@ def test_window_segments_train_every_sample_once(counts, history, world, planner
     check_resizes(windows, trained, history, world, lens, drop_last, max_length)
 
 
+@pytest.mark.parametrize("history, world", [([(16, 0.4)], 4), ([(4, 0.3)], 16), ([(12, 0.5), (3, 0.2)], 24)])
+def test_default_windows_follow_the_world_and_resume_once(history, world):
+    """The default window_samples grows with W (2,500 per rank above 8): an epoch resumed at another world
+    keeps its first world's windows (the steps replayed are the ones trained), every sample once."""
+    from streambatch.epoch.read_modes import READ_MODES
+
+    mode = READ_MODES["sample"]
+    assert (mode.default_window(4), mode.default_window(16)) == (20_000, 40_000)
+    rng = np.random.default_rng(3)
+    counts = np.full(30, 1_000, dtype=np.int64)  # 30,000 samples: one window at W = 16, two at W = 4
+    lens = {s: np.ceil(np.exp(rng.normal(5, 0.9, 1_000))).astype(np.int64) for s in range(30)}
+
+    def windows(w, segments):
+        cfg = WindowConfig(3000, 8, w, mode.default_window(w), True, False, 5, "bucketed", (), "sample", None)
+        return list(mode.plain(counts, lens.__getitem__, cfg, 1, segments, mode.default_window))
+
+    check_resizes(windows, trained, history, world, lens, False, None)
+
+
+def test_default_window_state_loads_at_another_world(corpus):
+    # as shard mode's: a state saved at W = 16 (40,000-sample windows) loads at W = 8 (20,000), compared and
+    # replayed at the saver's window size; a window size the user gave is a setting, refused when it differs
+    big = StreamingBatches(corpus[0], BUDGET, CAP, rank=0, world_size=16, read_mode="sample")
+    assert big.config.window_samples == 40_000 and big.config_at(8).window_samples == 20_000
+    big.set_epoch(1)
+    big.set_start_batch(1)
+    small = StreamingBatches(corpus[0], BUDGET, CAP, rank=0, world_size=8, read_mode="sample")
+    small.load_state_dict(big.state_dict())
+    assert small.state_dict()["segments"] == [[16, 1]]
+    fixed = StreamingBatches(corpus[0], BUDGET, CAP, rank=0, world_size=8, read_mode="sample", window_samples=20_000)
+    with pytest.raises(ValueError, match="window_samples"):
+        fixed.load_state_dict(big.state_dict())
+
+
 @pytest.mark.slow  # DataLoader worker processes
 @pytest.mark.parametrize("restore_loader", [False, True])
 def test_stateful_dataloader_workers(corpus, restore_loader):
