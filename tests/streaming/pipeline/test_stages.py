@@ -117,7 +117,10 @@ def test_resolve_mode_once_into_a_strategy():
     assert resolve_mode("shard", local(True)) is READ_MODES["shard"] and asked == [True, False]  # not asked
     with pytest.raises(ValueError, match=r"read_mode must be one of \['sample', 'shard'\]"):
         resolve_mode("shards", local(True))
-    assert READ_MODES["sample"].default_window(64) == 20_000 and READ_MODES["shard"].default_window(16) == 40_000
+    # both read modes' default windows: 20,000 samples and at least 2,500 per rank (sample mode's followed W
+    # since 2026-12-04: at W = 64 its windows of 20,000 held 2-3 steps each)
+    assert READ_MODES["sample"].default_window(8) == 20_000 and READ_MODES["shard"].default_window(16) == 40_000
+    assert READ_MODES["sample"].default_window(64) == READ_MODES["shard"].default_window(64) == 160_000
     assert READ_MODES["shard"].rank_share and not READ_MODES["sample"].rank_share
     assert set(modes.READ_MODES) == {"sample", "shard"}
 
