@@ -209,8 +209,10 @@ def plan_affine_window(carry_len: np.ndarray, carry_holder: np.ndarray, new_len:
     getting the same fraction of every group, so that every rank's samples
     follow the window's mix of lengths (one source per rank would leave the
     ranks' walks far apart: measured, 1.6x the steps). None: one group.
-    max_steps: the window's step cap (``epoch/step_budget.py``; None: none).
-    When the balanced walk and its pooled plan take more steps, the window is
+    max_steps: the window's step cap (``epoch/step_budget.py``; None: none),
+    which a walk's steps and the full steps of what it carries (its leftover,
+    planned by the windows after it) must fit together. When the balanced
+    walk and its pooled plan take more steps, the window is
     walked again with the step's target raised to a quarter, half, three
     quarters and all of the ranks' full batches (``affine_steps``'
     ``target_rank``; all: every rank takes its full batch, the fewest steps
