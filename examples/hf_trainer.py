@@ -15,6 +15,7 @@ already trained.
 from __future__ import annotations
 
 import argparse
+import gc
 import glob
 import os
 
@@ -59,6 +60,10 @@ def main() -> None:
     if trainer.is_world_process_zero():
         print(f"trained {result.global_step} optimizer steps of {trainer.train_batches.steps} batches per epoch"
               + (f", resumed from {last}" if last else ""))
+    # Free the trainer while every rank's process group is still alive: its DDP-wrapped model holds the group, and
+    # freeing it only when main() returns, after the group is destroyed, could leave a rank waiting at exit.
+    del trainer
+    gc.collect()
     if torch.distributed.is_initialized():  # a clean exit: gloo aborts a process that exits with its group alive
         torch.distributed.barrier()
         torch.distributed.destroy_process_group()
