@@ -19,32 +19,23 @@ import sys
 
 import numpy as np
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path[:0] = [os.path.dirname(HERE), HERE]
+
+from real_corpora import real_lengths  # noqa: E402
 
 from streambatch.core.config import PlanConfig  # noqa: E402
 from streambatch.planners import plan_epoch  # noqa: E402
 
-# beside the repository (``../shared``), or one level further up from a git worktree (``wt/NAME``)
-HERE = os.path.dirname(os.path.abspath(__file__))
-REAL = next((d for d in (os.path.join(HERE, *up, "shared", "data", "real-lengths") for up in (("..", ".."),
-                                                                                           ("..", "..", "..")))
-             if os.path.isdir(d)), os.path.join(HERE, "..", "..", "shared", "data", "real-lengths"))
-FILES = ("librispeech-train-clean-100", "commonvoice-id", "commonvoice-ps", "voicebank-demand")
-FPS, BUDGET, CAP, SEED = 50, 16_000, 64, 42
+BUDGET, CAP, SEED = 16_000, 64, 42
 PLANNERS = (("bucketed", {"pack": True}), ("bucketed", {}))  # (shard_affine: its tail is planned by bucketed)
 
 
 def corpora() -> list[tuple[str, np.ndarray]]:
-    out = []
-    for name in FILES:
-        path = os.path.join(REAL, name + ".npy")
-        if os.path.exists(path):
-            out.append((name, np.ceil(np.load(path) * FPS).astype(np.int64)))
-        else:
-            print(f"(missing {path}: skipped)", file=sys.stderr)
+    """The shared real corpora found (``real_corpora.real_lengths``), then a synthetic log-normal set."""
     rng = np.random.default_rng(0)
-    out.append(("log-normal 30k", np.clip(rng.lognormal(np.log(250), 0.6, 30_000), 20, 1500).astype(np.int64)))
-    return out
+    lognormal = np.clip(rng.lognormal(np.log(250), 0.6, 30_000), 20, 1500).astype(np.int64)
+    return [*real_lengths().items(), ("log-normal 30k", lognormal)]
 
 
 def measure(lengths: np.ndarray, config: PlanConfig, epochs: int, carry: bool) -> tuple[float, int, float]:

@@ -63,8 +63,9 @@ EPOCHS = 3
 SEED = 0
 
 
-def corpus_lengths(data: str) -> dict[str, np.ndarray]:
-    """name -> (N,) int64 frames of every corpus found, then the synthetic sets."""
+def real_lengths(data: str = DATA) -> dict[str, np.ndarray]:
+    """name -> (N,) int64 frames (at FPS) of every shared real corpus found in ``data``; a missing one is skipped
+    with a note on stderr."""
     out = {}
     for name in CORPORA:
         path = os.path.join(data, f"{name}.npy")
@@ -72,6 +73,12 @@ def corpus_lengths(data: str) -> dict[str, np.ndarray]:
             out[name] = np.ceil(np.load(path) * FPS).astype(np.int64)
         else:
             print(f"  (missing {path}: skipped)", file=sys.stderr)
+    return out
+
+
+def corpus_lengths(data: str) -> dict[str, np.ndarray]:
+    """name -> (N,) int64 frames of every corpus found, then the synthetic sets."""
+    out = real_lengths(data)
     for name in DISTRIBUTIONS:
         for n in (20_000, 200_000):
             out[f"{name} {n // 1000}k"] = make_lengths(name, n, SEED)
