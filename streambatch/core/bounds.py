@@ -123,12 +123,13 @@ class LengthCounts:
         self.values = np.zeros(0, dtype=np.int64)  # ascending
         self.counts = np.zeros(0, dtype=np.int64)
 
-    def add(self, lengths: np.ndarray) -> None:
-        """Add (n,) int64 lengths >= 0."""
+    def add(self, lengths: np.ndarray, times: np.ndarray | None = None) -> None:
+        """Add (n,) int64 lengths >= 0, each ``times`` ((n,) int64) times (default once)."""
         if lengths.shape[0] == 0:
             return
         values, inverse = np.unique(np.concatenate([self.values, lengths]), return_inverse=True)
-        weights = np.concatenate([self.counts, np.ones(lengths.shape[0], dtype=np.int64)])
+        each = np.ones(lengths.shape[0], dtype=np.int64) if times is None else times
+        weights = np.concatenate([self.counts, each])
         self.values, self.counts = values, np.bincount(inverse, weights=weights).astype(np.int64)
 
     def remove(self, lengths: np.ndarray) -> None:

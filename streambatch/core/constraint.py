@@ -105,6 +105,10 @@ class BatchLimits:
         """Whether the long-sample policy may leave samples out (``max_length`` set, or ``"drop"``)."""
         return self.max_length is not None or self.long_samples == "drop"
 
+    def kept(self, lengths: np.ndarray) -> np.ndarray:
+        """The (k,) int64 ``lengths`` the long-sample policy keeps (``lengths`` itself when it leaves none out)."""
+        return lengths[~self.too_long(lengths)] if self.leaves_out else lengths
+
     def too_long(self, lengths: np.ndarray) -> np.ndarray:
         """(n,) bool: the samples the long-sample policy leaves out: longer than ``max_length`` and, with
         ``long_samples="drop"``, than the budget alone."""

@@ -107,8 +107,7 @@ def plan_windows(inputs: Iterator[WindowInput], config: WindowConfig, epoch: int
     # catalog in memory), so each window's cap reserves steps for the windows after it (step_budget.py).
     # Sidecar lengths are new input: checked here (cheap), the config once at construction.
     todo = [replace(w, lengths=coerce_lengths(w.lengths)) for w in inputs]
-    kept_new = [w.lengths[~config.limits.too_long(w.lengths)] if config.limits.leaves_out else w.lengths
-                for w in todo]
+    kept_new = [config.limits.kept(w.lengths) for w in todo]
     budget.expect(np.concatenate([none, *kept_new]), config.drop_last)
 
     def world() -> int:

@@ -140,8 +140,7 @@ def plan_affine(next_input: Callable[[int], WindowInput | None], config: WindowC
     # (its Planner record says why: planners/shard_affine/planner.py STEP_SLACK)
     budget = StepBudget(config.limits)
     if expected is not None:
-        budget.expect(expected[~config.limits.too_long(expected)] if config.limits.leaves_out else expected,
-                      config.drop_last)
+        budget.expect(config.limits.kept(expected), config.drop_last)
 
     def world() -> int:
         return segments[seg][0] if seg < len(segments) else config.world_size
@@ -163,7 +162,7 @@ def plan_affine(next_input: Callable[[int], WindowInput | None], config: WindowC
         j, last = new.index, new.last
         left_windows = windows_left() if windows_left is not None else 0
         new_len = np.asarray(new.lengths, dtype=np.int64)
-        budget.show(new_len[~config.limits.too_long(new_len)] if config.limits.leaves_out else new_len)
+        budget.show(config.limits.kept(new_len))
         win, lengths, held = _affine_window(new, config, world(), epoch, step,
                                             (carry_ids, carry_local, carry_len, carry_holder), source_of, budget,
                                             left_windows)

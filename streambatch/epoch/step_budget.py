@@ -116,11 +116,7 @@ class StepBudget:
 def _merged(counts: LengthCounts, lengths: np.ndarray | None, weights: np.ndarray | None = None) -> LengthCounts:
     """A new LengthCounts: ``counts`` with (n,) int64 ``lengths`` (each ``weights`` times, default once)."""
     out = LengthCounts()
-    out.values, out.counts = counts.values, counts.counts
-    if lengths is None or lengths.shape[0] == 0:
-        return out
-    w = np.ones(lengths.shape[0], dtype=np.int64) if weights is None else weights
-    values, inverse = np.unique(np.concatenate([counts.values, lengths]), return_inverse=True)
-    out.values = values
-    out.counts = np.bincount(inverse, weights=np.concatenate([counts.counts, w])).astype(np.int64)
+    out.values, out.counts = counts.values, counts.counts  # add() replaces them: ``counts`` is left as it was
+    if lengths is not None:
+        out.add(lengths, weights)
     return out
