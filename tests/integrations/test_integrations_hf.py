@@ -76,6 +76,18 @@ def _run(rank, port, out, phase):
     trainer = DynamicBatchTrainer(model=model, args=args, train_dataset=Items(), train_batch_sampler=sampler)
     trainer.train(resume_from_checkpoint=None if first else os.path.join(out, "run", f"checkpoint-{SAVE_AT}"))
     write_json(os.path.join(out, f"{phase}{rank}.json"), {"seen": model.seen, "steps": trainer.train_batches.steps})
+    # a clean exit, as examples/hf_trainer.py's: the trainer (its DDP model holds the group) freed first, then the
+    # group ended on every rank; a process exiting with its gloo group alive can abort (a fresh-clone CI run
+    # saw SIGABRT here after both phases trained)
+    import gc
+
+    import torch.distributed as dist
+
+    del trainer
+    gc.collect()
+    if dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()
 
 
 def test_trainer_resume_matches_plain_ddp(tmp_path):
